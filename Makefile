@@ -1,0 +1,40 @@
+# Set-up is automatic: every target creates .venv on first use and installs dlcc into it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-quick bench lint clean
+
+$(BIN)/python:
+	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "dlcc needs Python 3.11+ (set PY=python3.11)"'
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python -m dlcc.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q $(PYTEST_ARGS)
+
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m "not slow" $(PYTEST_ARGS)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/optimizers.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+clean:
+	rm -rf $(VENV) build demo-out .pytest_cache

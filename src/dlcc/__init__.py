@@ -1,0 +1,18 @@
+"""dlcc: a deep-learning compiler. ONNX in; an optimized graph, fused kernels, a memory plan and C out.
+
+Public API: ``load``, ``save``, ``optimize``; the CLI is ``dlcc`` (see ``dlcc --help``).
+"""
+
+from dlcc.errors import DlccError
+from dlcc.frontend.load import load, save
+
+__version__ = "0.1.0"
+
+__all__ = ["DlccError", "load", "save", "optimize", "__version__"]
+
+
+def optimize(model, **kwargs):
+    """Optimize an onnx_ir model in place and return it; see ``dlcc.api.optimize``."""
+    from dlcc.api import optimize as _optimize
+
+    return _optimize(model, **kwargs)

@@ -1,0 +1,51 @@
+"""The Python API behind ``dlcc.optimize`` (and, later, ``dlcc.compile``).
+
+What goes in: a model (path, bytes, ModelProto or onnx_ir model) and options.
+What comes out: the optimized onnx_ir model (the same object when one was passed), with the pipeline's
+report in ``model.meta["dlcc.report"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import onnx_ir as ir
+
+from dlcc.errors import DlccError
+from dlcc.frontend.load import load
+from dlcc.frontend.shapes import infer_shapes, set_input_shapes
+from dlcc.passes.manager import ManagerOptions, PassManager, PipelineReport
+from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, passes_for
+
+
+def optimize(
+    model,
+    *,
+    level: int = DEFAULT_LEVEL,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    verify: bool = False,
+    print_after: Sequence[str] = (),
+    print_after_all: bool = False,
+    dump_dir: str | Path | None = None,
+    emit: Callable[[str], None] = print,
+    on_pass: Callable[[str], None] | None = None,
+    keep_initializer_inputs: bool = False,
+) -> ir.Model:
+    if not isinstance(level, int) or not 0 <= level <= MAX_LEVEL:
+        raise DlccError(f"optimization level must be 0..{MAX_LEVEL}, not {level!r}")
+    if not isinstance(model, ir.Model):
+        model = load(model, keep_initializer_inputs=keep_initializer_inputs)
+    set_input_shapes(model, input_shapes or {})
+    infer_shapes(model)
+    manager = PassManager(
+        passes_for(level),
+        ManagerOptions(verify=verify, print_after=print_after, print_after_all=print_after_all,
+                       dump_dir=dump_dir, emit=emit, on_pass=on_pass),
+        level=level,
+    )
+    report: PipelineReport = manager.run(model)
+    if level > 0:
+        infer_shapes(model, strict=False)
+    model.meta["dlcc.report"] = report
+    return model

@@ -1,0 +1,261 @@
+"""The ``dlcc`` command line.
+
+    dlcc optimize IN OUT [--level N] [--input-shape NAME=1,3,224,224 ...] [--stats] [--print-after P]
+    dlcc check A B [--input NAME=file.npy ...] [--rtol R] [--atol A] [--seed S]
+    dlcc inspect MODEL [--input-shape ...] [--json]
+
+Errors caused by the user's input are one line on stderr and exit code 2 (``--debug`` shows the
+traceback); a mismatch in ``dlcc check`` exits 1; an existing output file is never clobbered by a failed
+run (outputs are written to a temp file and renamed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+import dlcc
+from dlcc.errors import DlccError, InputError
+
+def _console(stderr: bool) -> Console:
+    c = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not c.is_terminal:  # pipes and logs: do not squeeze tables into 80 columns
+        c = Console(stderr=stderr, highlight=False, soft_wrap=True, width=max(c.width, 140))
+    return c
+
+
+_err = _console(True)
+_out = _console(False)
+
+
+def _input_shapes(values: Sequence[str] | None) -> dict[str, list[int]]:
+    from dlcc.frontend.shapes import parse_input_shape
+
+    shapes: dict[str, list[int]] = {}
+    for text in values or ():
+        name, dims = parse_input_shape(text)
+        if name in shapes:
+            raise DlccError(f"--input-shape gives input '{name}' twice")
+        shapes[name] = dims
+    return shapes
+
+
+def _input_files(values: Sequence[str] | None) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for text in values or ():
+        name, sep, path = text.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--input '{text}' is not of the form NAME=file.npy")
+        files[name] = path
+    return files
+
+
+@contextlib.contextmanager
+def _progress(description: str) -> Iterator:
+    """A transient spinner with elapsed time on a terminal; silent otherwise."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                        console=_err, transient=True, disable=not _err.is_terminal)
+    with progress:
+        task = progress.add_task(description, total=None)
+
+        def update(text: str) -> None:
+            progress.update(task, description=f"{description}: {text}")
+
+        yield update
+
+
+def _print_notes(model) -> None:
+    from dlcc.frontend.load import notes
+
+    for note in notes(model):
+        _err.print(f"dlcc: note: {note}")
+
+
+# --------------------------------------------------------------------------------------------- commands
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from dlcc.api import optimize
+    from dlcc.frontend.load import save
+
+    shapes = _input_shapes(args.input_shape)
+    t0 = time.perf_counter()
+    with _progress(f"optimizing {args.input}") as update:
+        model = dlcc.load(args.input, keep_initializer_inputs=args.keep_initializer_inputs)
+        _print_notes(model)
+        before = model.graph.num_nodes()
+        model = optimize(
+            model, level=args.level, input_shapes=shapes, verify=args.verify,
+            print_after=args.print_after or (), print_after_all=args.print_after_all,
+            dump_dir=args.dump_dir, emit=_out.out, on_pass=update,
+        )
+        update("writing")
+        save(model, args.output)
+    report = model.meta["dlcc.report"]
+    if args.stats:
+        _print_stats(report)
+    _err.print(f"dlcc: {args.input}: {before} -> {model.graph.num_nodes()} nodes at level {args.level} "
+               f"in {time.perf_counter() - t0:.2f} s; wrote {args.output}")
+    return 0
+
+
+def _print_stats(report) -> None:
+    table = Table(title=f"passes (level {report.level}, {report.rounds} round(s))")
+    for col in ("pass", "runs", "changed", "time ms", "nodes before", "nodes after", "rules fired"):
+        table.add_column(col, justify="left" if col in ("pass", "rules fired") else "right")
+    for rec in report.records.values():
+        fired = ", ".join(f"{k}={v}" for k, v in rec.fired.most_common()) or "-"
+        table.add_row(rec.name, str(rec.runs), str(rec.changed), f"{rec.seconds * 1e3:.1f}",
+                      str(rec.nodes_before), str(rec.nodes_after), fired)
+    _out.print(table)
+    _out.print(f"nodes: {report.nodes_before} -> {report.nodes_after}; passes took {report.seconds * 1e3:.1f} ms")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from dlcc.check import check_models, load_npy_inputs
+
+    shapes = _input_shapes(args.input_shape)
+    feeds = load_npy_inputs(_input_files(args.input))
+    with _progress("checking") as update:
+        update(f"loading {args.reference}")
+        dlcc.load(args.reference)  # validates: safe external data, checker, known domains
+        update(f"loading {args.candidate}")
+        dlcc.load(args.candidate)
+        update("running both models in onnxruntime")
+        diffs = check_models(args.reference, args.candidate, feeds=feeds, seed=args.seed, shapes=shapes,
+                             rtol=args.rtol, atol=args.atol)
+    table = Table(title=f"{args.candidate} vs {args.reference} (rtol {args.rtol:g}, atol {args.atol:g})")
+    for col in ("output", "shape", "max abs err", "max rel err", "scale", "result"):
+        table.add_column(col, justify="left" if col in ("output", "result") else "right")
+    for d in diffs:
+        result = "[green]ok[/]" if d.ok else f"[red]MISMATCH[/] {d.reason}".rstrip()
+        table.add_row(d.name, "x".join(map(str, d.shape)) or "scalar", f"{d.max_abs:.3g}",
+                      f"{d.max_rel:.3g}", f"{d.scale:.3g}", result)
+    _out.print(table)
+    bad = [d.name for d in diffs if not d.ok]
+    if bad:
+        _err.print(f"dlcc: check failed: {len(bad)} of {len(diffs)} output(s) differ beyond tolerance: "
+                   f"{', '.join(bad)}")
+        return 1
+    _err.print(f"dlcc: check passed: {len(diffs)} output(s) match")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from dlcc.frontend.shapes import infer_shapes, set_input_shapes
+    from dlcc.inspect import render, summarize, summary_dict
+
+    with _progress(f"inspecting {args.model}"):
+        model = dlcc.load(args.model, keep_initializer_inputs=args.keep_initializer_inputs)
+        set_input_shapes(model, _input_shapes(args.input_shape))
+        infer_shapes(model)
+        summary = summarize(model)
+    if args.json:
+        _out.out(json.dumps(summary_dict(summary), indent=2))
+    else:
+        _print_notes(model)
+        render(summary, _out)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dlcc.check import DEFAULT_ATOL, DEFAULT_RTOL
+    from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, pass_names
+
+    parser = argparse.ArgumentParser(
+        prog="dlcc", description="dlcc: a deep-learning compiler for ONNX models.",
+        epilog="Run 'dlcc COMMAND --help' for the options of a command.")
+    parser.add_argument("--version", action="version", version=f"dlcc {dlcc.__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the Python traceback on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def shape_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                       help="fix the shape of an input with symbolic dims (repeatable)")
+
+    def legacy_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--keep-initializer-inputs", action="store_true",
+                       help="legacy models (IR < 4): keep initializers listed as graph inputs as inputs "
+                            "instead of treating them as constants")
+
+    p = sub.add_parser("optimize", parents=[common], help="optimize a model and write it as ONNX",
+                       description="Optimize IN and write the result to OUT (atomically).")
+    p.add_argument("input", metavar="IN", help="the model to optimize (.onnx)")
+    p.add_argument("output", metavar="OUT", help="where to write the optimized model")
+    p.add_argument("--level", type=int, default=DEFAULT_LEVEL, choices=range(MAX_LEVEL + 1),
+                   help=f"optimization level 0..{MAX_LEVEL} (0 = load and save only; default {DEFAULT_LEVEL})")
+    shape_opt(p)
+    legacy_opt(p)
+    p.add_argument("--stats", action="store_true", help="print per-pass timings and rules fired")
+    p.add_argument("--print-after", action="append", metavar="PASS",
+                   help=f"print the IR after the named pass (one of: {', '.join(pass_names())})")
+    p.add_argument("--print-after-all", action="store_true", help="print the IR after every pass")
+    p.add_argument("--dump-dir", metavar="DIR", help="write the IR after every pass into DIR")
+    p.add_argument("--verify", action="store_true", help="verify the IR after every pass (slower)")
+    p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("check", parents=[common], help="compare two models in onnxruntime",
+                       description="Run REFERENCE and CANDIDATE on the same inputs and compare outputs: "
+                                   "max|got-ref| <= rtol*max|ref| + atol per output. Exit 1 on mismatch.")
+    p.add_argument("reference", metavar="A", help="the reference model")
+    p.add_argument("candidate", metavar="B", help="the model to check against A")
+    p.add_argument("--input", action="append", metavar="NAME=file.npy", help="input data (repeatable); "
+                   "inputs not given get seeded random data")
+    shape_opt(p)
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default {DEFAULT_RTOL:g})")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("inspect", parents=[common], help="summarize a model",
+                       description="Opset, inputs/outputs, op histogram, parameters and a FLOPs estimate.")
+    p.add_argument("model", metavar="MODEL")
+    shape_opt(p)
+    legacy_opt(p)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "command", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args))
+    except DlccError as e:
+        if debug:
+            raise
+        _err.print(f"dlcc: error: {e}", markup=False)
+        return e.exit_code
+    except KeyboardInterrupt:
+        _err.print("dlcc: interrupted")
+        return 130
+    except Exception as e:  # a bug in dlcc: one line, and the way to see more
+        if debug:
+            raise
+        msg = " ".join(str(e).split())
+        _err.print(f"dlcc: internal error: {type(e).__name__}: {msg} (a dlcc bug; rerun with --debug "
+                   "for the traceback and please report it)", markup=False)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

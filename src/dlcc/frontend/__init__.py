@@ -1,0 +1,1 @@
+"""Frontend: ONNX file -> validated onnx_ir model with known shapes (``load``, ``shapes``)."""

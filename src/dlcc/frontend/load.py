@@ -1,0 +1,413 @@
+"""Safe loading and atomic saving of ONNX models.
+
+What goes in: a path, the bytes of a model, or an ``onnx.ModelProto``.
+What comes out: an ``onnx_ir.Model`` whose external tensors (if any) are memory-mapped lazily from files
+inside the model's folder, with ``model.meta["dlcc.notes"]`` listing what loading changed.
+
+Invariants:
+- External data never leaves the model's folder: an absolute location, a ``..`` component or a symlink
+  that resolves outside the folder is refused, and so are offsets/lengths that do not fit the file.
+- A model that is not ONNX, is truncated, fails ``onnx.checker`` or uses an operator domain dlcc does
+  not know is refused with a ``DlccError`` that says what to do.
+- Legacy models (IR version < 4) list initializers as graph inputs; by default those are turned into
+  constants (what users of these models expect), unless ``keep_initializer_inputs`` is set.
+- ``save`` writes to a temporary file in the destination folder and renames it into place, so a failed
+  run never clobbers an existing output; above 2 GB of tensors it switches to one external data file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from dlcc.errors import DlccError, ExternalDataError, ModelLoadError, OutputError, UnsupportedModelError
+
+# Operator domains dlcc accepts. Anything else is refused at load time: we cannot optimize, check or
+# compile ops whose meaning we do not know.
+KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training",
+                           "dlcc", "dlcc.fused"})
+
+# protobuf cannot serialize a message of 2 GiB or more; stay clear of the limit.
+EXTERNAL_DATA_THRESHOLD = 2_000_000_000
+
+ModelSource = str | os.PathLike | bytes | onnx.ModelProto
+
+
+def notes(model: ir.Model) -> list[str]:
+    """The notes loading attached to the model (what it changed and why)."""
+    return model.meta.setdefault("dlcc.notes", [])
+
+
+def load(
+    source: ModelSource,
+    *,
+    keep_initializer_inputs: bool = False,
+    base_dir: str | os.PathLike | None = None,
+) -> ir.Model:
+    """Load and validate an ONNX model into onnx_ir.
+
+    ``base_dir`` is the folder external data is read from; it defaults to the model file's folder and is
+    required when ``source`` is bytes or a ModelProto that references external data.
+    """
+    proto, folder = _read_proto(source, base_dir)
+    _check_structure(proto)
+    _check_external_data(proto, folder)
+    _check_domains(proto)
+    _run_checker(proto)
+    model = ir.serde.deserialize_model(proto)
+    if folder is not None:
+        ir.external_data.set_base_dir(model.graph, str(folder))
+    model.meta["dlcc.notes"] = []
+    model.meta["dlcc.ir_version_in"] = proto.ir_version
+    model.meta["dlcc.source"] = str(source) if isinstance(source, str | os.PathLike) else "<memory>"
+    _normalize_initializer_inputs(model, keep_initializer_inputs)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read_proto(source: ModelSource, base_dir) -> tuple[onnx.ModelProto, Path | None]:
+    if isinstance(source, onnx.ModelProto):
+        return source, Path(base_dir) if base_dir is not None else None
+    if isinstance(source, bytes | bytearray | memoryview):
+        return _parse(bytes(source), "<bytes>"), Path(base_dir) if base_dir is not None else None
+    if not isinstance(source, str | os.PathLike):
+        raise ModelLoadError(f"cannot load a model from a {type(source).__name__}",
+                             hint="pass a path, the bytes of an .onnx file or an onnx.ModelProto")
+    path = Path(source)
+    if not path.exists():
+        raise ModelLoadError(f"model file '{path}' does not exist", hint="check the path")
+    if path.is_dir():
+        raise ModelLoadError(f"'{path}' is a folder, not a model file", hint="pass the .onnx file inside it")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model file '{path}': {e.strerror}",
+                             hint="check its permissions") from None
+    folder = Path(base_dir) if base_dir is not None else path.resolve().parent
+    return _parse(data, str(path)), folder
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelLoadError(f"'{where}' is empty", hint="pass an ONNX model file (.onnx)")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelLoadError(
+            f"'{where}' is not a valid ONNX model (protobuf parse failed: {e}); the file may be truncated "
+            "or not ONNX at all", hint="re-export or re-download the model") from None
+    return proto
+
+
+def _check_structure(proto: onnx.ModelProto) -> None:
+    """Cheap sanity checks that protobuf's lenient parsing lets through (text files, truncation)."""
+    if not proto.HasField("graph") or proto.ir_version <= 0:
+        raise ModelLoadError(
+            "the input is not an ONNX model (no graph or no IR version); the file may be truncated or of "
+            "another format", hint="pass an ONNX model file (.onnx)")
+    if proto.ir_version >= 3 and not proto.opset_import:
+        raise ModelLoadError("the model declares no opset_import", hint="re-export the model with an opset")
+
+
+def _all_graphs(proto: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
+    stack = [proto.graph]
+    for f in proto.functions:
+        for node in f.node:
+            stack.extend(_node_subgraphs(node))
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.node:
+            stack.extend(_node_subgraphs(node))
+
+
+def _node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    out = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    for g in _all_graphs(proto):
+        yield from g.initializer
+        for s in g.sparse_initializer:
+            yield s.values
+            yield s.indices
+        for node in g.node:
+            yield from _attr_tensors(node)
+    for f in proto.functions:
+        for node in f.node:
+            yield from _attr_tensors(node)
+
+
+def _attr_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.TENSOR:
+            yield a.t
+        elif a.type == onnx.AttributeProto.TENSORS:
+            yield from a.tensors
+
+
+# ---------------------------------------------------------------------------------------- external data
+
+
+def _check_external_data(proto: onnx.ModelProto, folder: Path | None) -> None:
+    for t in _all_tensors(proto):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            check_external_tensor(t, folder)
+
+
+def check_external_tensor(t: onnx.TensorProto, folder: Path | None) -> Path:
+    """Validate one external tensor's location/offset/length; returns the resolved data file."""
+    info = {e.key: e.value for e in t.external_data}
+    name = t.name or "<unnamed>"
+    loc = info.get("location", "")
+    if not loc:
+        raise ExternalDataError(f"tensor '{name}' is marked external but has no location")
+    if folder is None:
+        raise ExternalDataError(
+            f"tensor '{name}' keeps its data in external file '{loc}', but the model was given as bytes "
+            "with no folder to read it from", hint="load the model from its path, or pass base_dir")
+    parts = loc.replace("\\", "/").split("/")
+    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or (len(loc) > 1 and loc[1] == ":"):
+        raise ExternalDataError(
+            f"tensor '{name}' points to external data at absolute path '{loc}'; dlcc only reads external "
+            "data inside the model's folder", hint="move the data next to the model and use a relative path")
+    if ".." in parts:
+        raise ExternalDataError(
+            f"tensor '{name}' points to external data '{loc}' outside the model's folder ('..')",
+            hint="move the data next to the model and use a relative path")
+    root = folder.resolve()
+    target = (folder / loc)
+    resolved = target.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise ExternalDataError(
+            f"external data '{loc}' of tensor '{name}' resolves (through a symlink) to '{resolved}', outside "
+            "the model's folder", hint="copy the data into the model's folder")
+    if not resolved.is_file():
+        raise ExternalDataError(f"external data file '{loc}' of tensor '{name}' is missing",
+                                hint=f"put it in '{folder}' next to the model")
+    size = resolved.stat().st_size
+    try:
+        offset = int(info.get("offset", "0"))
+        length = int(info["length"]) if "length" in info else size - offset
+    except ValueError:
+        raise ExternalDataError(f"tensor '{name}' has a non-integer external data offset or length") from None
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ExternalDataError(
+            f"external data of tensor '{name}' (offset {offset}, length {length}) does not fit in "
+            f"'{loc}' ({size} bytes)", hint="the data file is truncated or does not belong to this model")
+    expected = _tensor_nbytes(t)
+    if expected is not None and expected != length:
+        raise ExternalDataError(
+            f"tensor '{name}' needs {expected} bytes but its external data holds {length}",
+            hint="the data file does not belong to this model")
+    return resolved
+
+
+def _tensor_nbytes(t: onnx.TensorProto) -> int | None:
+    try:
+        dtype = ir.DataType(t.data_type)
+        itemsize = dtype.itemsize
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
+        return None
+    count = 1
+    for d in t.dims:
+        if d < 0:
+            raise ExternalDataError(f"tensor '{t.name}' has a negative dimension {d}")
+        count *= d
+    # sub-byte types (int4, float4...) report fractional item sizes; round up
+    return int(-(-count * itemsize // 1))
+
+
+# ----------------------------------------------------------------------------------------------- domains
+
+
+def _check_domains(proto: onnx.ModelProto) -> None:
+    local = {(f.domain, f.name) for f in proto.functions}
+    unknown: dict[str, int] = {}
+    for g in _all_graphs(proto):
+        for n in g.node:
+            if n.domain not in KNOWN_DOMAINS and (n.domain, n.op_type) not in local:
+                unknown[n.domain] = unknown.get(n.domain, 0) + 1
+    if unknown:
+        listing = ", ".join(f"'{d}' ({c} node{'s' if c > 1 else ''})" for d, c in sorted(unknown.items()))
+        raise UnsupportedModelError(
+            f"the model uses operators from unknown domain(s) {listing}",
+            hint="dlcc handles the standard ONNX domains, ai.onnx.ml and com.microsoft; export the model "
+                 "with standard operators")
+
+
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy the checker can see without its external data (already validated by us).
+
+    onnx's checker resolves external files against the process's working folder; we validated them
+    against the model's folder, so external initializers become typed graph inputs in the copy.
+    """
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for g in _all_graphs(copy):
+        inputs = {i.name for i in g.input}
+        keep = []
+        for t in g.initializer:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                keep.append(t)
+                continue
+            if t.name not in inputs:
+                g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        for node in g.node:
+            for t in _attr_tensors(node):
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    zeros = onnx.numpy_helper.from_array(
+                        np.zeros(tuple(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type)), t.name)
+                    t.CopyFrom(zeros)
+    return copy
+
+
+def _run_checker(proto: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(_checkable(proto), full_check=False)
+    except onnx.checker.ValidationError as e:
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "validation failed")
+        raise ModelLoadError(f"the model is not valid ONNX: {first}",
+                             hint="fix or re-export the model") from None
+    except (ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"the model is not valid ONNX: {e}", hint="fix or re-export the model") from None
+
+
+# --------------------------------------------------------------------------------------- normalization
+
+
+def _normalize_initializer_inputs(model: ir.Model, keep: bool) -> None:
+    graph = model.graph
+    as_inputs = [v for v in graph.inputs if v.name in graph.initializers]
+    if not as_inputs:
+        return
+    if keep:
+        notes(model).append(
+            f"kept {len(as_inputs)} initializer(s) listed as graph inputs as overridable inputs "
+            "(--keep-initializer-inputs)")
+        return
+    for v in as_inputs:
+        graph.inputs.remove(v)
+    # IR < 4 requires every initializer to be a graph input; once they are constants the model is IR 4.
+    if model.ir_version < 4:
+        model.ir_version = 4
+    notes(model).append(
+        f"treated {len(as_inputs)} initializer(s) listed as graph inputs as constants (legacy IR "
+        f"{model.meta.get('dlcc.ir_version_in', '<4')} form); use --keep-initializer-inputs to keep them "
+        "as inputs")
+
+
+# ------------------------------------------------------------------------------------------------ saving
+
+
+def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None = None) -> Path:
+    """Write ``model`` to ``path`` atomically; returns the path written.
+
+    ``external_data=None`` switches to an external data file (``<name>.data``) when the tensors exceed
+    2 GB. The model file and its data appear together or not at all.
+    """
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputError(f"output path '{path}' is a folder", hint="give a file name such as model.onnx")
+    if not folder.is_dir():
+        raise OutputError(f"output folder '{folder}' does not exist", hint="create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"output folder '{folder}' is not writable", hint="choose another output path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"output file '{path}' is not writable", hint="choose another output path")
+    if external_data is None:
+        external_data = tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    data_name = path.name + ".data"
+    try:
+        tmpdir = Path(tempfile.mkdtemp(prefix=".dlcc-tmp-", dir=folder))
+    except OSError as e:
+        raise OutputError(f"cannot write into '{folder}': {e.strerror}",
+                          hint="choose another output path") from None
+    try:
+        tmp_model = tmpdir / path.name
+        try:
+            if external_data:
+                ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
+            else:
+                _save_inline(model, tmp_model)
+        except OSError as e:
+            raise OutputError(f"cannot write '{path}': {e.strerror}", hint="check free disk space") from None
+        if external_data:
+            os.replace(tmpdir / data_name, folder / data_name)
+        os.replace(tmp_model, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return path
+
+
+def _save_inline(model: ir.Model, path: Path) -> None:
+    proto = ir.serde.serialize_model(model)
+    with open(path, "wb") as f:
+        f.write(proto.SerializeToString())
+
+
+def tensor_bytes(model: ir.Model) -> int:
+    """Bytes held by all initializers of the model (main graph and subgraphs)."""
+    total = 0
+    for g in (model.graph, *model.graph.subgraphs()):
+        for v in g.initializers.values():
+            if v.const_value is not None:
+                total += v.const_value.nbytes
+    return total
+
+
+def to_proto(model: ir.Model) -> onnx.ModelProto:
+    """Serialize to a ModelProto (external tensors stay external)."""
+    return ir.serde.serialize_model(model)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator:
+    """Open a temp file beside ``path`` and rename it into place only if the block succeeds."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise OutputError(f"output folder '{folder}' does not exist", hint="create it first")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".dlcc-tmp-", dir=folder)
+    except OSError as e:
+        raise OutputError(f"cannot write into '{folder}': {e.strerror}",
+                          hint="choose another output path") from None
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = ["DlccError", "load", "save", "notes", "to_proto", "tensor_bytes", "atomic_output",
+           "check_external_tensor", "KNOWN_DOMAINS"]

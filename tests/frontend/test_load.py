@@ -1,0 +1,203 @@
+"""Loading: sources, validation, external data safety, legacy initializer inputs, atomic saving."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from conftest import small_model
+
+import dlcc
+from dlcc.check import random_inputs, run_ort
+from dlcc.errors import ExternalDataError, ModelLoadError, OutputError, UnsupportedModelError
+from dlcc.frontend.load import notes, save
+
+LIGHT = Path(onnx.__file__).parent / "backend/test/data/light"
+
+
+def test_load_path_bytes_proto_agree(small_path: Path) -> None:
+    a = dlcc.load(small_path)
+    b = dlcc.load(small_path.read_bytes())
+    c = dlcc.load(onnx.load(small_path))
+    for m in (a, b, c):
+        assert [n.op_type for n in m.graph] == ["MatMul", "Add", "Relu"]
+        assert set(m.graph.initializers) == {"w", "b"}
+
+
+@pytest.mark.parametrize("source,match", [
+    (b"", "empty"),
+    (b"this is not an onnx model at all, just text\n" * 3, "not"),
+    (123, "cannot load a model from a int"),
+])
+def test_load_rejects_garbage(source, match) -> None:
+    with pytest.raises(ModelLoadError, match=match):
+        dlcc.load(source)
+
+
+def test_load_rejects_truncated(small_path: Path) -> None:
+    data = small_path.read_bytes()
+    for cut in (len(data) // 3, len(data) // 2, len(data) - 7):
+        with pytest.raises(ModelLoadError):
+            dlcc.load(data[:cut])
+
+
+def test_load_missing_file_and_folder(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        dlcc.load(tmp_path / "nope.onnx")
+    with pytest.raises(ModelLoadError, match="is a folder"):
+        dlcc.load(tmp_path)
+
+
+def test_load_unknown_domain() -> None:
+    m = small_model()
+    m.graph.node.append(oh.make_node("Frobnicate", ["y"], ["z"], domain="com.example"))
+    m.opset_import.append(oh.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedModelError, match="com.example"):
+        dlcc.load(m)
+
+
+def test_load_unknown_default_domain_op() -> None:
+    m = small_model()
+    m.graph.node[2].op_type = "NotAnOnnxOp"
+    with pytest.raises(ModelLoadError, match="NotAnOnnxOp"):
+        dlcc.load(m)
+
+
+# -------------------------------------------------------------------------------------- external data
+
+
+def _external_model(folder: Path, location: str = "weights.bin") -> Path:
+    """small model whose weight 'w' lives in an external file at ``location`` (relative to folder)."""
+    m = small_model()
+    w = next(t for t in m.graph.initializer if t.name == "w")
+    raw = w.raw_data
+    data_path = folder / location
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_bytes(raw)
+    w.ClearField("raw_data")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", str(len(raw)))):
+        e = w.external_data.add()
+        e.key, e.value = k, v
+    path = folder / "model.onnx"
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def test_external_data_loads_and_runs(tmp_path: Path) -> None:
+    path = _external_model(tmp_path)
+    model = dlcc.load(path)
+    feeds = random_inputs(small_model(), seed=1)
+    ref = run_ort(small_model(), feeds)
+    # the loaded tensor reads the external bytes
+    w = model.graph.initializers["w"].const_value.numpy()
+    assert np.array_equal(w, onnx.numpy_helper.to_array(small_model().graph.initializer[0]))
+    out = tmp_path / "out.onnx"
+    save(model, out)
+    np.testing.assert_array_equal(ref["y"], run_ort(str(out), feeds)["y"])
+
+
+def test_external_data_missing(tmp_path: Path) -> None:
+    path = _external_model(tmp_path)
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(ExternalDataError, match="missing"):
+        dlcc.load(path)
+
+
+def test_external_data_truncated(tmp_path: Path) -> None:
+    path = _external_model(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ExternalDataError, match="does not fit"):
+        dlcc.load(path)
+
+
+@pytest.mark.parametrize("location", ["../outside.bin", "sub/../../outside.bin", "/etc/passwd"])
+def test_external_data_outside_folder_refused(tmp_path: Path, location: str) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder)
+    m = onnx.load(path, load_external_data=False)
+    for e in m.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = location
+    (tmp_path / "outside.bin").write_bytes((folder / "weights.bin").read_bytes())
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(ExternalDataError, match="outside the model's folder|absolute path"):
+        dlcc.load(path)
+
+
+def test_external_data_symlink_escape_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external_model(folder)
+    secret = tmp_path / "secret.bin"
+    os.replace(folder / "weights.bin", secret)
+    os.symlink(secret, folder / "weights.bin")
+    with pytest.raises(ExternalDataError, match="symlink"):
+        dlcc.load(path)
+
+
+def test_external_data_from_bytes_needs_folder(tmp_path: Path) -> None:
+    path = _external_model(tmp_path)
+    with pytest.raises(ExternalDataError, match="base_dir"):
+        dlcc.load(path.read_bytes())
+    assert dlcc.load(path.read_bytes(), base_dir=tmp_path).graph.initializers["w"].const_value is not None
+
+
+# --------------------------------------------------------------------------------------------- legacy
+
+
+def test_legacy_initializer_inputs_become_constants() -> None:
+    model = dlcc.load(LIGHT / "light_squeezenet.onnx")
+    assert [v.name for v in model.graph.inputs] == ["data_0"]
+    assert model.ir_version >= 4
+    assert any("constants" in n for n in notes(model))
+
+
+def test_legacy_initializer_inputs_kept_on_request() -> None:
+    model = dlcc.load(LIGHT / "light_squeezenet.onnx", keep_initializer_inputs=True)
+    assert len(model.graph.inputs) > 1
+    assert any("kept" in n for n in notes(model))
+
+
+# --------------------------------------------------------------------------------------------- saving
+
+
+def test_save_is_atomic_and_valid(tmp_path: Path, small_path: Path) -> None:
+    out = tmp_path / "out.onnx"
+    save(dlcc.load(small_path), out)
+    onnx.checker.check_model(str(out), full_check=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dlcc-tmp")]
+
+
+def test_save_refuses_bad_paths(tmp_path: Path, small_path: Path) -> None:
+    model = dlcc.load(small_path)
+    with pytest.raises(OutputError, match="does not exist"):
+        save(model, tmp_path / "no" / "such" / "dir" / "out.onnx")
+    with pytest.raises(OutputError, match="folder"):
+        save(model, tmp_path)
+    with pytest.raises(OutputError):
+        save(model, "/proc/dlcc-cannot-write-here.onnx")
+
+
+def test_save_external_data(tmp_path: Path, small_path: Path) -> None:
+    out = tmp_path / "ext.onnx"
+    save(dlcc.load(small_path), out, external_data=True)
+    assert (tmp_path / "ext.onnx.data").is_file()
+    feeds = random_inputs(small_model(), seed=2)
+    np.testing.assert_array_equal(run_ort(small_model(), feeds)["y"], run_ort(str(out), feeds)["y"])
+    # and it loads back through the safe loader
+    assert dlcc.load(out).graph.initializers["w"].const_value.numpy().shape == (4, 3)
+
+
+def test_save_switches_to_external_above_threshold(tmp_path: Path, small_path: Path, monkeypatch) -> None:
+    import dlcc.frontend.load as load_mod
+
+    monkeypatch.setattr(load_mod, "EXTERNAL_DATA_THRESHOLD", 10)
+    out = tmp_path / "auto.onnx"
+    save(dlcc.load(small_path), out)
+    assert (tmp_path / "auto.onnx.data").is_file()
