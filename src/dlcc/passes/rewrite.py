@@ -1,0 +1,298 @@
+"""The rewrite-rule driver: rules are (name, pattern, check, rewrite); only the driver mutates the graph.
+
+What goes in: a model and a rule set. What comes out: the model rewritten to a fixpoint, and counts of
+rules fired and of refusals per (rule, reason).
+
+A rule:
+- ``pattern(node) -> dict | None``: does the structure around ``node`` (the root) match? Returns the
+  captures (other nodes, values, constants) or None. Cheap and side-effect free.
+- ``check(node, captures) -> str | None``: the guards. Returns why the rule refuses (shown in ``--stats``
+  and in tests), or None to go ahead.
+- ``rewrite(node, captures, b) -> list[Value | None] | None``: builds replacement values for the root's
+  outputs with the builder ``b`` (new nodes and constants are only *recorded*); None declines.
+
+The driver, in a few lines:
+
+    repeat (at most max_sweeps times, else PassError: the rule set cycles):
+        for node in graph, in order:                       # skip nodes removed in this sweep
+            for rule in rules indexed by node.op_type:
+                m = rule.pattern(node); if m is None: continue
+                why = rule.check(node, m); if why: count refusal; continue
+                new = rule.rewrite(node, m, builder); if new is None: continue
+                apply: insert recorded nodes before the root, register constants, reroute every use
+                       of the root's outputs (graph outputs keep their names), remove the root and
+                       any producer left without uses
+                count the rule; go to the next node
+    until a sweep fires nothing
+
+Invariant: a rewrite never changes the model's input/output names or types.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from dlcc.errors import PassError
+from dlcc.passes.manager import Pass
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    roots: tuple[str, ...]  # op types (default domain) the pattern's root can have
+    pattern: Callable[[ir.Node], dict | None]
+    check: Callable[[ir.Node, dict], str | None] = lambda node, m: None
+    rewrite: Callable[[ir.Node, dict, Builder], Sequence[ir.Value | None] | None] = lambda n, m, b: None
+    doc: str = ""
+    family: str = "other"
+    exact: bool = True  # False: reassociates or otherwise changes floating-point results
+    min_opset: int = 1
+
+
+class Builder:
+    """Records the nodes and constants a rewrite creates; the driver inserts them."""
+
+    def __init__(self, graph: ir.Graph, names: NameGen, opset: int) -> None:
+        self.graph = graph
+        self.names = names
+        self.opset = opset
+        self.nodes: list[ir.Node] = []
+        self.constants: list[ir.Value] = []
+
+    def op(self, op_type: str, inputs: Sequence[ir.Value | None], attributes: dict | None = None, *,
+           domain: str = "", num_outputs: int = 1, hint: str = "", dtype: ir.DataType | None = None,
+           shape: Sequence | None = None) -> ir.Value:
+        """Add a node; returns its (first) output. ``dtype``/``shape`` annotate the first output."""
+        outputs = [ir.Value(name=self.names.new(hint or op_type)) for _ in range(num_outputs)]
+        node = ir.Node(domain, op_type, inputs, attributes=_attrs(attributes or {}), outputs=outputs,
+                       name=self.names.new("n_" + op_type))
+        if dtype is not None:
+            outputs[0].dtype = dtype
+        if shape is not None:
+            outputs[0].shape = ir.Shape(list(shape))
+        self.nodes.append(node)
+        return outputs[0] if num_outputs == 1 else tuple(outputs)
+
+    def const(self, array, hint: str = "const") -> ir.Value:
+        array = np.asarray(array)
+        name = self.names.new(hint)
+        tensor = ir.tensor(array, name=name)
+        v = ir.Value(name=name, shape=ir.Shape(list(array.shape)), type=ir.TensorType(tensor.dtype),
+                     const_value=tensor)
+        self.constants.append(v)
+        return v
+
+
+class NameGen:
+    """Unique value/node names: never collides with a name already in the graph."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.used = {v.name for v in _values(graph)} | {n.name for n in graph}
+        self.counter = itertools.count()
+
+    def new(self, hint: str) -> str:
+        base = "".join(c if c.isalnum() or c in "_./" else "_" for c in (hint or "v"))[:48]
+        while True:
+            name = f"{base}__{next(self.counter)}"
+            if name not in self.used:
+                self.used.add(name)
+                return name
+
+
+def _values(graph: ir.Graph) -> Iterable[ir.Value]:
+    yield from graph.inputs
+    yield from graph.initializers.values()
+    for node in graph:
+        yield from node.outputs
+
+
+def _attrs(attributes: dict) -> list[ir.Attr]:
+    out = []
+    for k, v in attributes.items():
+        if isinstance(v, ir.Attr):
+            out.append(v)
+        elif isinstance(v, bool | int | np.integer):
+            out.append(ir.AttrInt64(k, int(v)))
+        elif isinstance(v, float | np.floating):
+            out.append(ir.AttrFloat32(k, float(v)))
+        elif isinstance(v, str):
+            out.append(ir.AttrString(k, v))
+        elif isinstance(v, ir.TensorProtocol):
+            out.append(ir.AttrTensor(k, v))
+        elif isinstance(v, list | tuple) and all(isinstance(x, int | np.integer) for x in v):
+            out.append(ir.AttrInt64s(k, [int(x) for x in v]))
+        elif isinstance(v, list | tuple) and all(isinstance(x, float | int) for x in v):
+            out.append(ir.AttrFloat32s(k, [float(x) for x in v]))
+        elif isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
+            out.append(ir.AttrStrings(k, list(v)))
+        else:
+            raise TypeError(f"attribute {k}: cannot convert {type(v).__name__}")
+    return out
+
+
+@dataclass
+class RewriteStats:
+    fired: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)  # (rule, reason) -> count
+
+
+def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
+                stats: RewriteStats | None = None, graphs: Sequence[ir.Graph] | None = None) -> bool:
+    """Run ``rules`` to a fixpoint over the main graph (and ``graphs`` if given); returns changed."""
+    stats = stats or RewriteStats()
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    active = [r for r in rules if opset >= r.min_opset]
+    by_op: dict[str, list[Rule]] = {}
+    for r in active:
+        for op in r.roots:
+            by_op.setdefault(op, []).append(r)
+    changed = False
+    for graph in graphs or [model.graph]:
+        names = NameGen(graph)
+        for sweep in range(max_sweeps + 1):
+            fired_now: Counter = Counter()
+            for node in list(graph):
+                if node.graph is not graph or node.domain not in ("", "ai.onnx"):
+                    continue
+                for rule in by_op.get(node.op_type, ()):
+                    m = rule.pattern(node)
+                    if m is None:
+                        continue
+                    why = rule.check(node, m)
+                    if why:
+                        stats.refused[(rule.name, why)] += 1
+                        continue
+                    b = Builder(graph, names, opset)
+                    new = rule.rewrite(node, m, b)
+                    if new is None:
+                        continue
+                    _apply(graph, node, list(new), b)
+                    fired_now[rule.name] += 1
+                    break
+            if not fired_now:
+                break
+            changed = True
+            stats.fired.update(fired_now)
+            if sweep == max_sweeps:
+                raise PassError(f"rewrite rules did not reach a fixpoint in {max_sweeps} sweeps; still "
+                                f"firing: {', '.join(sorted(fired_now))} (a dlcc bug: the rule set cycles)")
+    return changed
+
+
+def _apply(graph: ir.Graph, root: ir.Node, new_values: list[ir.Value | None], b: Builder) -> None:
+    if len(new_values) != len(root.outputs):
+        raise PassError(f"a rewrite of {root.op_type} returned {len(new_values)} values for "
+                        f"{len(root.outputs)} outputs (a dlcc bug)")
+    for v in b.constants:
+        graph.register_initializer(v)
+    if b.nodes:
+        graph.insert_before(root, b.nodes)
+    for old, new in zip(root.outputs, new_values, strict=True):
+        if new is None:
+            if old.uses() or old.is_graph_output():
+                raise PassError(f"a rewrite of {root.op_type} dropped output '{old.name}' that is still used")
+            continue
+        if new.dtype is None:
+            new.dtype = old.dtype
+        if new.shape is None and old.shape is not None:
+            new.shape = old.shape
+        if old.is_graph_output():
+            _take_graph_output(graph, root, old, new, b)
+        else:
+            old.replace_all_uses_with(new)
+    inputs = [v for v in root.inputs if v is not None]
+    graph.remove(root, safe=True)
+    _remove_dead_producers(graph, inputs)
+
+
+def _take_graph_output(graph: ir.Graph, root: ir.Node, old: ir.Value, new: ir.Value, b: Builder) -> None:
+    """``new`` replaces graph output ``old`` and takes its name (the model's interface stays the same)."""
+    if new.is_graph_input() or new.is_initializer() or new.is_graph_output():
+        # an input/initializer/other output cannot also take this output's name: copy through Identity
+        node = ir.Node("", "Identity", [new], outputs=[ir.Value(name=b.names.new("out"))],
+                       name=b.names.new("n_Identity"))
+        graph.insert_before(root, node)
+        new = node.outputs[0]
+        new.dtype, new.shape = old.dtype, old.shape
+    old.replace_all_uses_with(new, replace_graph_outputs=True)
+    name = old.name
+    old.name = b.names.new(name + "_old")
+    new.name = name
+
+
+def _remove_dead_producers(graph: ir.Graph, values: list[ir.Value]) -> None:
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        node = v.producer()
+        if node is None or node.graph is not graph:
+            continue
+        if any(o.uses() or o.is_graph_output() for o in node.outputs):
+            continue
+        stack.extend(x for x in node.inputs if x is not None)
+        graph.remove(node, safe=True)
+    for v in values:
+        if v.is_initializer() and not v.uses() and not v.is_graph_output() and v.name in graph.initializers:
+            del graph.initializers[v.name]
+
+
+class RulePass(Pass):
+    """A pass that runs a rule set with the driver; subclasses set ``name`` and ``rules``."""
+
+    rules: Sequence[Rule] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: Counter = Counter()
+
+    def run(self, model: ir.Model) -> bool:
+        stats = RewriteStats()
+        changed = apply_rules(model, self.rules, stats=stats)
+        self.fired.update(stats.fired)
+        self.refused = stats.refused
+        return changed
+
+
+# ---------------------------------------------------------------------------- helpers for rule writers
+
+
+def const_array(v: ir.Value | None) -> np.ndarray | None:
+    """The value's constant data (initializer or Constant node output), or None."""
+    if v is None:
+        return None
+    if v.const_value is not None:
+        return v.const_value.numpy()
+    p = v.producer()
+    if p is not None and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
+        t = ir.convenience.get_const_tensor(v)
+        return None if t is None else t.numpy()
+    return None
+
+
+def single_use(v: ir.Value) -> bool:
+    return len(v.uses()) == 1 and not v.is_graph_output()
+
+
+def producer(v: ir.Value | None, op_type: str | tuple[str, ...]) -> ir.Node | None:
+    if v is None:
+        return None
+    p = v.producer()
+    ops = (op_type,) if isinstance(op_type, str) else op_type
+    return p if p is not None and p.op_type in ops and p.domain in ("", "ai.onnx") else None
+
+
+def attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def static_shape(v: ir.Value | None) -> tuple[int, ...] | None:
+    if v is None or v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        return None
+    return tuple(v.shape)

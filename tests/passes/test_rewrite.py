@@ -1,0 +1,86 @@
+"""The rule driver: firing, refusals, graph outputs keep their names, cycles fail loudly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from dlcc.check import random_inputs, run_ort
+from dlcc.errors import PassError
+from dlcc.frontend.shapes import infer_shapes
+from dlcc.passes.rewrite import Rule, RewriteStats, apply_rules, const_array
+from dlcc.passes.verify import verify_model
+
+TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[2,3] y, float[2,3] z) {
+    zero = Constant <value = float[1] {0.0}> ()
+    a = Add(x, zero)
+    r = Relu(a)
+    y = Add(r, zero)
+    z = Neg(r)
+}
+"""
+
+
+def _add_zero() -> Rule:
+    def pattern(node):
+        c = const_array(node.inputs[1])
+        return {"c": c} if c is not None else None
+
+    def check(node, m):
+        if np.any(m["c"] != 0):
+            return "constant is not zero"
+        if node.inputs[0].shape != node.outputs[0].shape:
+            return "broadcasting changes the shape"
+        return None
+
+    return Rule("add-zero", ("Add",), pattern, check, lambda node, m, b: [node.inputs[0]])
+
+
+def test_rule_fires_and_graph_output_keeps_name() -> None:
+    model = infer_shapes(ir.from_onnx_text(TEXT))
+    ref_feeds = {"x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)}
+    ref = run_ort(ir.serde.serialize_model(model), ref_feeds)
+    stats = RewriteStats()
+    assert apply_rules(model, [_add_zero()], stats=stats)
+    assert stats.fired["add-zero"] == 2
+    verify_model(model)
+    assert [v.name for v in model.graph.outputs] == ["y", "z"]
+    assert [n.op_type for n in model.graph] == ["Relu", "Neg"]  # Relu now writes y itself; Constant is gone
+    got = run_ort(ir.serde.serialize_model(model), ref_feeds)
+    for k in ref:
+        np.testing.assert_array_equal(ref[k], got[k])
+    assert not apply_rules(model, [_add_zero()])  # idempotent
+
+
+def test_refusal_is_counted_with_reason() -> None:
+    model = infer_shapes(ir.from_onnx_text(TEXT.replace("{0.0}", "{1.0}")))
+    stats = RewriteStats()
+    assert not apply_rules(model, [_add_zero()], stats=stats)
+    assert stats.refused[("add-zero", "constant is not zero")] == 2
+
+
+def test_cycle_fails_loudly() -> None:
+    flip = Rule("flip", ("Relu",), lambda n: {}, rewrite=lambda n, m, b: [b.op("Relu", [n.inputs[0]])])
+    with pytest.raises(PassError, match="cycles"):
+        apply_rules(ir.from_onnx_text(TEXT), [flip], max_sweeps=5)
+
+
+def test_builder_constants_and_names_are_unique() -> None:
+    model = ir.from_onnx_text(TEXT)
+
+    def rewrite(node, m, b):
+        k = b.const(np.float32(2.0), "two")
+        return [b.op("Mul", [node.inputs[0], k], hint="a")]
+
+    rule = Rule("neg-to-mul", ("Neg",), lambda n: {}, rewrite=rewrite)
+    apply_rules(model, [rule])
+    verify_model(model)
+    names = [v.name for n in model.graph for v in n.outputs]
+    assert len(names) == len(set(names))
+    feeds = random_inputs(ir.serde.serialize_model(model), seed=0)
+    out = run_ort(ir.serde.serialize_model(model), feeds)
+    r = np.maximum(feeds["x"], 0)
+    np.testing.assert_allclose(out["z"], r * 2, rtol=1e-6)
