@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
-from conftest import small_model
 
 import dlcc
+from conftest import small_model
 
 LIGHT = Path(onnx.__file__).parent / "backend/test/data/light"
 

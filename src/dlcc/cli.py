@@ -24,6 +24,7 @@ from rich.table import Table
 import dlcc
 from dlcc.errors import DlccError, InputError
 
+
 def _console(stderr: bool) -> Console:
     c = Console(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal:  # pipes and logs: do not squeeze tables into 80 columns

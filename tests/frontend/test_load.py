@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
-from conftest import small_model
 
 import dlcc
+from conftest import small_model
 from dlcc.check import random_inputs, run_ort
 from dlcc.errors import ExternalDataError, ModelLoadError, OutputError, UnsupportedModelError
 from dlcc.frontend.load import notes, save

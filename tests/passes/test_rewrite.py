@@ -9,7 +9,7 @@ import pytest
 from dlcc.check import random_inputs, run_ort
 from dlcc.errors import PassError
 from dlcc.frontend.shapes import infer_shapes
-from dlcc.passes.rewrite import Rule, RewriteStats, apply_rules, const_array
+from dlcc.passes.rewrite import RewriteStats, Rule, apply_rules, const_array
 from dlcc.passes.verify import verify_model
 
 TEXT = """

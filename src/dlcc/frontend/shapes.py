@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import onnx
@@ -116,10 +117,8 @@ def infer_shapes(model: ir.Model, *, strict: bool | None = None) -> ir.Model:
                              hint="check the --input-shape values") from None
         model.meta.setdefault("dlcc.notes", []).append(f"strict shape inference failed ({first}); "
                                                        "used lenient inference")
-        try:
+        with contextlib.suppress(onnx.shape_inference.InferenceError, RuntimeError, ValueError):
             _onnx_infer(model, strict_mode=False)
-        except (onnx.shape_inference.InferenceError, RuntimeError, ValueError):
-            pass
     complete_shapes(model.graph)
     return model
 

@@ -29,9 +29,6 @@ class DeadCodeElimination(Pass):
         for node in reversed(list(graph)):
             if any(id(o) in outputs or o.uses() for o in node.outputs):
                 continue
-            if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
-                # control flow: the subgraph may read outer values, but the node itself is unused
-                pass
             graph.remove(node, safe=True)
             self.fired["unused-node"] += 1
             changed = True
