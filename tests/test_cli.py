@@ -73,7 +73,8 @@ def test_check_with_npy_inputs(cli, small_path: Path, tmp_path: Path) -> None:
     _one_line_error(code, err)
 
 
-@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "shufflenet"])
+@pytest.mark.parametrize("name", ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                                  "shufflenet", "squeezenet", "vgg19", "zfnet512"])
 def test_level0_round_trip_light(cli, tmp_path: Path, name: str) -> None:
     src = LIGHT / f"light_{name}.onnx"
     out = tmp_path / f"{name}.onnx"

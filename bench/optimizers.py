@@ -1,0 +1,229 @@
+"""Benchmark: dlcc optimize against the graph optimizers users run today, on the nine light models.
+
+What goes in: the light reference models that the onnx wheel ships, with seeded random weights
+(``dlcc.testing.light_model``), so every tool sees real weights rather than all-ones generators.
+What comes out: a table per model and tool — node count after, wall time of the optimization (load,
+optimize, save), whether the outputs still match the original in onnxruntime (max|got-ref| <=
+1e-4 * max|ref| + 1e-6), output file size, and the latency of the optimized model under onnxruntime
+(1 thread, default optimizations) as a ratio to onnxslim's output measured in the same run. The table is
+printed and written to docs/BENCHMARKS.md with the machine described.
+
+Peers: onnxsim (simplify), onnxslim (slim), onnxoptimizer (default passes), onnxruntime's BASIC level
+saved offline. Run: ``make bench`` (or ``python bench/optimizers.py --models resnet50,vgg19``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import dlcc  # noqa: E402
+from dlcc.check import check_models, random_inputs  # noqa: E402
+from dlcc.testing import LIGHT_MODELS, light_model  # noqa: E402
+from machine import write_section  # noqa: E402
+
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def _quiet(fn: Callable, *args, **kwargs):
+    """Peers print a lot; keep the benchmark output readable."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return fn(*args, **kwargs)
+
+
+def run_dlcc(src: Path, dst: Path) -> None:
+    from dlcc.api import optimize
+
+    model = optimize(dlcc.load(src))
+    dlcc.save(model, dst)
+
+
+def run_onnxsim(src: Path, dst: Path) -> None:
+    import onnxsim
+
+    model, ok = _quiet(onnxsim.simplify, onnx.load(src))
+    if not ok:
+        raise RuntimeError("onnxsim check failed")
+    onnx.save(model, dst)
+
+
+def run_onnxslim(src: Path, dst: Path) -> None:
+    import onnxslim
+
+    model = _quiet(onnxslim.slim, onnx.load(src))
+    onnx.save(model, dst)
+
+
+def run_onnxoptimizer(src: Path, dst: Path) -> None:
+    import onnxoptimizer
+
+    onnx.save(onnxoptimizer.optimize(onnx.load(src)), dst)
+
+
+def run_ort_basic(src: Path, dst: Path) -> None:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(dst)
+    opts.intra_op_num_threads = 1
+    ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+
+
+TOOLS: dict[str, Callable[[Path, Path], None]] = {
+    "dlcc": run_dlcc,
+    "onnxsim": run_onnxsim,
+    "onnxslim": run_onnxslim,
+    "onnxoptimizer": run_onnxoptimizer,
+    "ort-basic": run_ort_basic,
+}
+
+
+def latency_ms(path: Path, feeds: dict, repeat: int) -> float:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    data = {k: v for k, v in feeds.items() if k in names}
+    sess.run(None, data)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        sess.run(None, data)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bench_model(name: str, work: Path, repeat: int, tools: list[str]) -> list[dict]:
+    src = work / f"{name}.onnx"
+    onnx.save(light_model(name, seed=0), src)
+    nodes0 = len(onnx.load(src, load_external_data=False).graph.node)
+    feeds = random_inputs(str(src), seed=1)
+    rows = [{"model": name, "tool": "original", "nodes": nodes0, "seconds": 0.0, "match": "-",
+             "bytes": src.stat().st_size, "latency_ms": latency_ms(src, feeds, repeat) if repeat else None}]
+    for tool in tools:
+        dst = work / f"{name}.{tool}.onnx"
+        row = {"model": name, "tool": tool}
+        t0 = time.perf_counter()
+        try:
+            TOOLS[tool](src, dst)
+        except Exception as e:  # a peer failing on a model is a result, not a crash
+            row.update(nodes=None, seconds=time.perf_counter() - t0, match=f"error: {type(e).__name__}",
+                       bytes=None, latency_ms=None)
+            rows.append(row)
+            continue
+        row["seconds"] = time.perf_counter() - t0
+        model = onnx.load(dst, load_external_data=False)
+        row["nodes"] = len(model.graph.node)
+        row["bytes"] = dst.stat().st_size
+        try:
+            diffs = check_models(str(src), str(dst), feeds=feeds, rtol=RTOL, atol=ATOL)
+            row["match"] = "yes" if all(d.ok for d in diffs) else \
+                f"NO ({max(d.max_rel for d in diffs):.1e})"
+        except Exception as e:
+            row["match"] = f"error: {type(e).__name__}"
+        row["latency_ms"] = latency_ms(dst, feeds, repeat) if repeat and row["match"] == "yes" else None
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict], tools: list[str]) -> str:
+    by_model: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], {})[r["tool"]] = r
+    lines = []
+    head = ["model", "orig nodes"] + [f"{t} nodes" for t in tools]
+    lines.append("### Node count after optimization (lower is better; * = smallest)\n")
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for model, r in by_model.items():
+        counts = {t: r[t]["nodes"] for t in tools if r.get(t, {}).get("nodes") is not None
+                  and r[t]["match"] == "yes"}
+        best = min(counts.values()) if counts else None
+        cells = [model, str(r["original"]["nodes"])]
+        for t in tools:
+            n = r.get(t, {}).get("nodes")
+            ok = r.get(t, {}).get("match") == "yes"
+            cells.append("-" if n is None else f"{n}{'*' if ok and n == best else ''}{'' if ok else ' (mismatch)'}")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\n### Optimization wall time in seconds (load + optimize + save)\n")
+    head = ["model"] + tools
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for model, r in by_model.items():
+        lines.append("| " + " | ".join([model] + [f"{r[t]['seconds']:.2f}" if t in r else "-" for t in tools]) + " |")
+    lines.append("\n### Outputs match the original (rtol 1e-4 of each output's scale, atol 1e-6)\n")
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for model, r in by_model.items():
+        lines.append("| " + " | ".join([model] + [r[t]["match"] if t in r else "-" for t in tools]) + " |")
+    lines.append("\n### Output size (MB) and onnxruntime latency (1 thread) relative to onnxslim's output\n")
+    head = ["model", "orig MB"] + [f"{t} MB" for t in tools] + [f"{t} latency / onnxslim" for t in tools]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for model, r in by_model.items():
+        cells = [model, f"{r['original']['bytes'] / 1e6:.1f}"]
+        cells += [f"{r[t]['bytes'] / 1e6:.1f}" if r.get(t, {}).get("bytes") else "-" for t in tools]
+        anchor = r.get("onnxslim", {}).get("latency_ms")
+        for t in tools:
+            lat = r.get(t, {}).get("latency_ms")
+            cells.append(f"{lat / anchor:.2f}" if lat and anchor else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(LIGHT_MODELS))
+    parser.add_argument("--tools", default=",".join(TOOLS))
+    parser.add_argument("--repeat", type=int, default=10, help="latency runs per model (0 = skip latency)")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not update docs/BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    tools = [t for t in args.tools.split(",") if t]
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            rows.extend(bench_model(name, Path(tmp), args.repeat, tools))
+    table = render(rows, tools)
+    print(table)
+    if not args.no_write:
+        body = (f"Run: `make bench` (bench/optimizers.py). dlcc {dlcc.__version__}, "
+                f"{_versions()}.\nModels: the nine light models of the onnx wheel with seeded random "
+                "weights (dlcc.testing.light_model(name, seed=0)).\n\n" + table)
+        write_section(ROOT / "docs" / "BENCHMARKS.md", "Graph optimizers", body)
+    return 0
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for pkg in ("onnx", "onnxruntime", "onnxsim", "onnxslim", "onnxoptimizer"):
+        try:
+            out.append(f"{pkg} {version(pkg)}")
+        except PackageNotFoundError:
+            out.append(f"{pkg} (absent)")
+    return ", ".join(out)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
