@@ -1,0 +1,638 @@
+"""Target-driven operator replacement: rewrite ops a target lacks into ops it runs, or into its preferred form.
+
+What goes in: a model (shapes inferred) and a ``Target`` (``dlcc.passes.targets``).
+What comes out: the same model, where every rule whose target condition holds has been applied to a
+fixpoint. Every rule's ``check`` consults the target first and refuses ("target supports
+BatchNormalization") when the target runs the op and does not prefer the other form, so the ``onnx``
+target leaves standard models unchanged.
+
+Rules (each computes the same function; "exact" rules keep every float operation):
+    batchnorm-to-mul-add     BatchNormalization(x) -> x * s + t, s and t per-channel constants
+    prelu-to-leakyrelu       PRelu(x, one shared slope) -> LeakyRelu(x, alpha)
+    gemm-to-conv             Gemm(A, B, C) -> Reshape(A, M,K,1,1) -> 1x1 Conv -> Reshape(M,N)
+    matmul-to-conv           MatMul(A, W constant 2-D) -> the same 1x1 Conv sandwich
+    conv1x1-to-gemm          1x1 Conv on a 1x1 map (after a global pool) -> Flatten + Gemm
+                             (+ Reshape back to M,N,1,1 unless its consumers flatten it anyway)
+    channel-shuffle-to-op    Reshape(N,g,C/g,...) -> Transpose(0,2,1,...) -> Reshape(x's shape)
+                             -> dlcc::ChannelShuffle(group=g)
+    channel-shuffle-to-idiom dlcc::ChannelShuffle -> the Reshape/Transpose/Reshape idiom (targets that
+                             lack the op, such as ``onnx``: standard ONNX out)
+    grouped-conv-split       Conv(group=g) -> Split + g Convs + Concat (targets without groups)
+    pad-attrs-to-inputs      Pad(x; pads, value attributes) -> Pad(x, pads, value) when the pass raises
+                             the opset to >= 11 (``upgrade_opset_to``; off by default)
+
+The pass adds the ``dlcc`` domain (version 1) to the model's opset imports when a rule created a
+dlcc node, and drops it when no dlcc node is left. The rule driver only visits default-domain nodes,
+so the rule rooted at dlcc::ChannelShuffle is run by this pass's own small loop over dlcc nodes,
+with the driver's builder and apply step.
+
+Invariants: graph input/output names and dtypes never change; a rule never fires for a target that
+runs the op and does not prefer the other form; no two rules undo each other for one target (a
+``Target`` cannot prefer a form it lacks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from dlcc.passes.rewrite import (
+    Builder,
+    NameGen,
+    RewriteStats,
+    Rule,
+    RulePass,
+    _apply,
+    apply_rules,
+    attr,
+    const_array,
+    producer,
+    single_use,
+    static_shape,
+)
+from dlcc.passes.targets import CHANNEL_SHUFFLE, GROUPED_CONV, Target, get_target
+
+DLCC_DOMAIN = "dlcc"
+DLCC_DOMAIN_VERSION = 1
+
+__all__ = ["DLCC_DOMAIN", "OpReplacement", "replacement_rules", "upgrade_pad"]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def weight(v: ir.Value | None) -> np.ndarray | None:
+    """Constant data of ``v``: an initializer, a Constant, or a ConstantOfShape of a constant shape."""
+    data = const_array(v)
+    if data is not None or v is None:
+        return data
+    p = producer(v, "ConstantOfShape")
+    if p is None:
+        return None
+    shape = const_array(p.inputs[0])
+    if shape is None:
+        return None
+    fill = attr(p, "value")
+    fill = np.zeros(1, np.float32) if fill is None else fill.numpy()
+    return np.full(tuple(int(d) for d in shape.reshape(-1)), fill.reshape(-1)[0], dtype=fill.dtype)
+
+
+def _rank(v: ir.Value | None) -> int | None:
+    return None if v is None or v.shape is None else len(v.shape)
+
+
+def _same_dim(a, b) -> bool:
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return a is not None and b is not None and a.value is not None and a.value == b.value
+
+
+def _is_float(v: ir.Value) -> bool:
+    return v.dtype is not None and v.dtype.is_floating_point()
+
+
+def _copy_attrs(node: ir.Node, drop: Sequence[str] = ()) -> dict[str, ir.Attr]:
+    return {k: ir.Attr(a.name, a.type, a.value) for k, a in node.attributes.items() if k not in drop}
+
+
+def _np_dtype(v: ir.Value) -> np.dtype:
+    return np.dtype(v.dtype.numpy())
+
+
+def _shape_of(v: ir.Value) -> list | None:
+    return None if v.shape is None else list(v.shape)
+
+
+# -------------------------------------------------------------------------------------- BatchNormalization
+
+
+def _bn_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        return {} if len(node.inputs) >= 5 else None
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if t.has("BatchNormalization") and t.prefer("batchnorm") != "mul_add":
+            return "target supports BatchNormalization"
+        m["params"] = [weight(v) for v in node.inputs[1:5]]
+        x = node.inputs[0]
+        if attr(node, "training_mode", 0):
+            return "training mode"
+        if attr(node, "spatial", 1) != 1:
+            return "per-element statistics (spatial=0)"
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return "running-statistics outputs are used"
+        if any(p is None for p in m["params"]):
+            return "parameters are not constant"
+        if _rank(x) is None or _rank(x) < 2:
+            return "input rank unknown"
+        if not _is_float(x):
+            return "input is not floating point"
+        c = x.shape[1]
+        if any(p.ndim != 1 or (isinstance(c, int) and p.size != c) for p in m["params"]):
+            return "parameters are not per-channel vectors"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        x = node.inputs[0]
+        scale, bias, mean, var = (p.astype(np.float64) for p in m["params"])
+        s = scale / np.sqrt(var + float(attr(node, "epsilon", 1e-5)))
+        shift = bias - mean * s
+        bshape = (-1,) + (1,) * (len(x.shape) - 2)
+        dt = _np_dtype(x)
+        mul = b.op("Mul", [x, b.const(s.reshape(bshape).astype(dt), "bn_scale")], hint="bn_mul",
+                   dtype=x.dtype, shape=_shape_of(x))
+        y = b.op("Add", [mul, b.const(shift.reshape(bshape).astype(dt), "bn_shift")], hint="bn_add",
+                 dtype=x.dtype, shape=_shape_of(x))
+        return [y] + [None] * (len(node.outputs) - 1)
+
+    return Rule("batchnorm-to-mul-add", ("BatchNormalization",), pattern, check, rewrite,
+                doc="BatchNormalization -> Mul + Add by precomputed per-channel constants",
+                family="replace", exact=False)
+
+
+# ------------------------------------------------------------------------------------------------ PRelu
+
+
+def _prelu_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        slope = weight(node.inputs[1])
+        return None if slope is None else {"slope": slope}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if t.has("PRelu") and t.prefer("shared_prelu") != "LeakyRelu":
+            return "target supports PRelu"
+        if not t.has("LeakyRelu"):
+            return "target lacks LeakyRelu"
+        if m["slope"].size != 1:
+            return "slope is not shared (more than one element)"
+        return None  # the slope broadcasts to x (unidirectional), so the output keeps x's shape
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        alpha = float(m["slope"].reshape(-1)[0])
+        return [b.op("LeakyRelu", [node.inputs[0]], {"alpha": alpha}, hint="leakyrelu")]
+
+    return Rule("prelu-to-leakyrelu", ("PRelu",), pattern, check, rewrite,
+                doc="PRelu with one shared slope -> LeakyRelu(alpha)", family="replace", exact=True)
+
+
+# ------------------------------------------------------------------------------------- Gemm / MatMul -> Conv
+
+
+def _linear_to_conv_refusal(t: Target, op: str) -> str | None:
+    if t.has(op) and t.prefer("linear") != "conv":
+        return f"target supports {op}"
+    if not t.has("Conv"):
+        return "target lacks Conv"
+    return None
+
+
+def _conv_sandwich(b: Builder, a: ir.Value, w_nk: np.ndarray, bias: np.ndarray | None,
+                   out_shape: list) -> ir.Value:
+    """Reshape a (M?, K) input to (-1, K, 1, 1), 1x1 Conv with weight (N, K), Reshape to ``out_shape``."""
+    n, k = w_nk.shape
+    dt = _np_dtype(a)
+    lead = out_shape[:-1]
+    rows = lead[0] if len(lead) == 1 else int(np.prod(lead))
+    x4 = b.op("Reshape", [a, b.const(np.array([0 if len(lead) == 1 else -1, k, 1, 1], np.int64), "shape")],
+              hint="conv_in", dtype=a.dtype, shape=[rows, k, 1, 1])
+    inputs = [x4, b.const(w_nk.reshape(n, k, 1, 1).astype(dt), "conv_w")]
+    if bias is not None:
+        inputs.append(b.const(bias.astype(dt), "conv_b"))
+    y4 = b.op("Conv", inputs, {"kernel_shape": [1, 1]}, hint="conv", dtype=a.dtype, shape=[rows, n, 1, 1])
+    back = [0, n] if len(lead) == 1 else [*lead, n]
+    return b.op("Reshape", [y4, b.const(np.array(back, np.int64), "shape")], hint="conv_out")
+
+
+def _gemm_to_conv_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        return {"c": node.inputs[2] if len(node.inputs) > 2 else None}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        why = _linear_to_conv_refusal(t, "Gemm")
+        if why:
+            return why
+        m["w"], m["c_data"] = weight(node.inputs[1]), weight(m["c"])
+        a = node.inputs[0]
+        if attr(node, "transA", 0):
+            return "input A is transposed"
+        if _rank(a) != 2:
+            return "input rank unknown" if _rank(a) is None else "input is not 2-D"
+        if not _is_float(a):
+            return "input is not floating point"
+        if m["w"] is None or m["w"].ndim != 2:
+            return "weight is not a constant matrix"
+        n = m["w"].shape[0 if attr(node, "transB", 0) else 1]
+        if m["c"] is not None:
+            c = m["c_data"]
+            if c is None:
+                return "bias is not constant"
+            if c.size != 1 and c.shape not in ((n,), (1, n)):
+                return "bias is not per-column"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        a = node.inputs[0]
+        w = m["w"].astype(np.float64)
+        w_nk = (w if attr(node, "transB", 0) else w.T) * float(attr(node, "alpha", 1.0))
+        n = w_nk.shape[0]
+        bias = None
+        if m["c"] is not None:
+            bias = np.broadcast_to(m["c_data"].astype(np.float64).reshape(-1), (n,)) * float(attr(node, "beta", 1.0))
+        return [_conv_sandwich(b, a, w_nk, bias, [a.shape[0], n])]
+
+    return Rule("gemm-to-conv", ("Gemm",), pattern, check, rewrite, min_opset=5,
+                doc="Gemm -> Reshape to N,C,1,1 + 1x1 Conv + Reshape back", family="replace", exact=False)
+
+
+def _matmul_to_conv_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        return {}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        why = _linear_to_conv_refusal(t, "MatMul")
+        if why:
+            return why
+        m["w"] = weight(node.inputs[1])
+        a = node.inputs[0]
+        if m["w"] is None or m["w"].ndim != 2:
+            return "weight is not a constant matrix"
+        r = _rank(a)
+        if r is None:
+            return "input rank unknown"
+        if r < 2:
+            return "input is a vector"
+        if not _is_float(a):
+            return "input is not floating point"
+        if r > 2 and static_shape(a) is None:
+            return "input shape is not static"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        a = node.inputs[0]
+        w_nk = m["w"].astype(np.float64).T
+        return [_conv_sandwich(b, a, w_nk, None, [*list(a.shape)[:-1], w_nk.shape[0]])]
+
+    return Rule("matmul-to-conv", ("MatMul",), pattern, check, rewrite, min_opset=5,
+                doc="MatMul by a constant 2-D weight -> 1x1 Conv between Reshapes", family="replace",
+                exact=False)
+
+
+# ---------------------------------------------------------------------------- 1x1 Conv on a 1x1 map -> Gemm
+
+
+def _flattens_to_2d(node: ir.Node, conv_out: ir.Value) -> bool:
+    """Does ``node`` turn the (M, N, 1, 1) ``conv_out`` into (M, N)?"""
+    if node.op_type == "Flatten" and node.domain in ("", "ai.onnx"):
+        return attr(node, "axis", 1) == 1
+    if node.op_type == "Reshape" and node.domain in ("", "ai.onnx") and node.inputs[0] is conv_out:
+        out, src = node.outputs[0].shape, conv_out.shape
+        return (out is not None and src is not None and len(out) == 2 and _same_dim(out[0], src[0])
+                and _same_dim(out[1], src[1]))
+    return False
+
+
+def _conv_gemm_refusal(t: Target, m: dict) -> str | None:
+    if t.prefer("linear") != "gemm" and t.has("Conv"):
+        return "target does not prefer Gemm over Conv"
+    if not (t.has("Gemm") and t.has("Flatten")):
+        return "target lacks Gemm"
+    conv = m["conv"]
+    x = conv.inputs[0]
+    w = m["w"] = weight(conv.inputs[1])
+    if attr(conv, "group", 1) != 1:
+        return "grouped Conv"
+    if w is None or w.ndim != 4 or w.shape[2:] != (1, 1):
+        return "weight is not a constant 1x1 kernel"
+    if _rank(x) != 4:
+        return "input is not 4-D"
+    if not _is_float(x):
+        return "input is not floating point"
+    if any(attr(conv, "pads", [0]) or [0]):
+        return "Conv pads the input"
+    if len(conv.inputs) > 2 and conv.inputs[2] is not None and _rank(conv.inputs[2]) != 1:
+        return "bias rank unknown"
+    return None
+
+
+def _gemm_from_conv(b: Builder, conv: ir.Node, w: np.ndarray) -> ir.Value:
+    x = conv.inputs[0]
+    n, c = w.shape[:2]
+    flat = b.op("Flatten", [x], {"axis": 1}, hint="flatten", dtype=x.dtype, shape=[x.shape[0], c])
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+    if bias is None and b.opset < 11:  # Gemm's C is optional from opset 11 on
+        bias = b.const(np.zeros(n, _np_dtype(x)), "gemm_c")
+    inputs = [flat, b.const(w.reshape(n, c).astype(_np_dtype(x)), "gemm_w")] + ([bias] if bias is not None else [])
+    return b.op("Gemm", inputs, {"transB": 1}, hint="gemm", dtype=x.dtype, shape=[x.shape[0], n])
+
+
+def _conv_to_gemm_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        if node.op_type == "Conv":
+            conv = node
+            out = conv.outputs[0]
+            uses = out.uses()
+            if uses and not out.is_graph_output() and all(_flattens_to_2d(u.node, out) for u in uses):
+                return None  # every consumer flattens: the rule fires at the consumers, without a Reshape
+        else:
+            conv = producer(node.inputs[0], "Conv")
+            if conv is None or not _flattens_to_2d(node, conv.outputs[0]):
+                return None
+        x = conv.inputs[0]
+        pooled = producer(x, ("GlobalAveragePool", "GlobalMaxPool")) is not None
+        if not pooled and (_rank(x) != 4 or tuple(x.shape[2:]) != (1, 1)):
+            return None  # not a 1x1 spatial map: nothing like a classifier head
+        return {"conv": conv}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        return _conv_gemm_refusal(t, m)
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        y = _gemm_from_conv(b, m["conv"], m["w"])
+        if node is m["conv"]:  # consumers need the 4-D map back
+            n = m["w"].shape[0]
+            y = b.op("Reshape", [y, b.const(np.array([0, n, 1, 1], np.int64), "shape")], hint="gemm_4d")
+        return [y]
+
+    return Rule("conv1x1-to-gemm", ("Conv", "Flatten", "Reshape"), pattern, check, rewrite, min_opset=5,
+                doc="1x1 Conv on a 1x1 map (after a global pool) -> Flatten + Gemm", family="replace",
+                exact=False)
+
+
+# ------------------------------------------------------------------------------------------ channel shuffle
+
+
+def _channel_shuffle_to_op_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        tr = producer(node.inputs[0], "Transpose")
+        r1 = producer(tr.inputs[0], "Reshape") if tr is not None else None
+        if r1 is None:
+            return None
+        perm = list(attr(tr, "perm", []) or [])
+        if len(perm) < 3 or perm[:3] != [0, 2, 1] or perm[3:] != list(range(3, len(perm))):
+            return None
+        return {"tr": tr, "r1": r1, "x": r1.inputs[0]}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if t.prefer("channel_shuffle") != "op" or not t.has(CHANNEL_SHUFFLE):
+            return "target prefers the Reshape/Transpose form"
+        if not (single_use(m["tr"].outputs[0]) and single_use(m["r1"].outputs[0])):
+            return "intermediate values have other uses"
+        x, mid, y = m["x"], m["r1"].outputs[0].shape, node.outputs[0].shape
+        if x.shape is None or mid is None or y is None or len(x.shape) < 2:
+            return "shapes unknown"
+        c = x.shape[1]
+        if not (isinstance(c, int) and isinstance(mid[1], int) and isinstance(mid[2], int)):
+            return "channel count unknown"
+        if not _same_dim(mid[0], x.shape[0]) or mid[1] * mid[2] != c:
+            return "first Reshape does not split the channels"
+        if len(y) != len(x.shape) or not all(_same_dim(a, b) for a, b in zip(x.shape, y, strict=True)):
+            return "last Reshape does not restore the input shape"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        g = int(m["r1"].outputs[0].shape[1])
+        x = m["x"]
+        return [b.op("ChannelShuffle", [x], {"group": g}, domain=DLCC_DOMAIN, hint="shuffle", dtype=x.dtype,
+                     shape=_shape_of(x))]
+
+    return Rule("channel-shuffle-to-op", ("Reshape",), pattern, check, rewrite, min_opset=5,
+                doc="Reshape/Transpose/Reshape channel shuffle -> dlcc::ChannelShuffle(group)",
+                family="replace", exact=True)
+
+
+def _channel_shuffle_to_idiom_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        if node.domain != DLCC_DOMAIN:
+            return None
+        return {"group": attr(node, "group")}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if t.has(CHANNEL_SHUFFLE):
+            return "target supports dlcc::ChannelShuffle"
+        x = node.inputs[0]
+        if _rank(x) is None or _rank(x) < 2:
+            return "input rank unknown"
+        c, g = x.shape[1], m["group"]
+        if not isinstance(c, int):
+            return "channel count unknown"
+        if not isinstance(g, int) or g <= 0 or c % g:
+            return "group does not divide the channels"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        x = node.inputs[0]
+        g, c = m["group"], x.shape[1]
+        spatial = list(x.shape[2:])
+        if all(isinstance(d, int) for d in spatial):
+            split, back = [0, g, c // g, *spatial], b.const(np.array([0, c, *spatial], np.int64), "shape")
+        else:  # symbolic spatial dims: merge them, and take the final shape from x at run time
+            split, back = [0, g, c // g, -1], b.op("Shape", [x], hint="shape")
+        r1 = b.op("Reshape", [x, b.const(np.array(split, np.int64), "shape")], hint="shuffle_split")
+        perm = [0, 2, 1, *range(3, len(split))]
+        tr = b.op("Transpose", [r1], {"perm": perm}, hint="shuffle_swap")
+        return [b.op("Reshape", [tr, back], hint="shuffle", dtype=x.dtype, shape=_shape_of(x))]
+
+    return Rule("channel-shuffle-to-idiom", ("ChannelShuffle",), pattern, check, rewrite,
+                doc="dlcc::ChannelShuffle -> Reshape/Transpose/Reshape (standard ONNX)", family="replace",
+                exact=True)
+
+
+# ------------------------------------------------------------------------------------------- grouped Conv
+
+
+def _grouped_conv_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        if attr(node, "group", 1) == 1:
+            return None
+        return {"bias": node.inputs[2] if len(node.inputs) > 2 else None}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if t.has(GROUPED_CONV):
+            return "target supports grouped Conv"
+        m["w"], m["b"] = weight(node.inputs[1]), weight(m["bias"])
+        g, w, x = attr(node, "group", 1), m["w"], node.inputs[0]
+        if w is None:
+            return "weight is not constant"
+        if m["bias"] is not None and m["b"] is None:
+            return "bias is not constant"
+        if _rank(x) is None or not isinstance(x.shape[1], int):
+            return "channel count unknown"
+        if x.shape[1] != g * w.shape[1] or w.shape[0] % g:
+            return "group does not divide the channels"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        x, w, g = node.inputs[0], m["w"], attr(node, "group", 1)
+        cg, mg = w.shape[1], w.shape[0] // g
+        sizes = np.full(g, cg, np.int64)
+        if b.opset >= 13:
+            parts = b.op("Split", [x, b.const(sizes, "split")], {"axis": 1}, num_outputs=g, hint="group_in")
+        else:
+            parts = b.op("Split", [x], {"axis": 1, "split": sizes.tolist()}, num_outputs=g, hint="group_in")
+        parts = parts if isinstance(parts, tuple) else (parts,)
+        out = node.outputs[0].shape
+        outs = []
+        for i, part in enumerate(parts):
+            part.dtype, part.shape = x.dtype, ir.Shape([x.shape[0], cg, *x.shape[2:]])
+            inputs = [part, b.const(w[i * mg:(i + 1) * mg], "group_w")]
+            if m["b"] is not None:
+                inputs.append(b.const(m["b"][i * mg:(i + 1) * mg], "group_b"))
+            outs.append(b.op("Conv", inputs, _copy_attrs(node, drop=("group",)), hint="group_conv",
+                             dtype=x.dtype, shape=None if out is None else [out[0], mg, *out[2:]]))
+        return [b.op("Concat", outs, {"axis": 1}, hint="group_out")]
+
+    return Rule("grouped-conv-split", ("Conv",), pattern, check, rewrite,
+                doc="grouped Conv -> Split + one Conv per group + Concat", family="replace", exact=True)
+
+
+# ---------------------------------------------------------------------------------------- Pad (opset >= 11)
+
+
+def _pad_rule() -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        return {} if "pads" in node.attributes and len(node.inputs) == 1 else None
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        x = node.inputs[0]
+        if x.dtype is None:
+            return "input dtype unknown"
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b: Builder):
+        x = node.inputs[0]
+        inputs = [x, b.const(np.array(attr(node, "pads"), np.int64), "pads")]
+        value = float(attr(node, "value", 0.0))
+        if value != 0.0:
+            inputs.append(b.const(np.array(value, dtype=_np_dtype(x)), "pad_value"))
+        mode = attr(node, "mode", "constant")
+        return [b.op("Pad", inputs, {"mode": mode} if mode != "constant" else {}, hint="pad")]
+
+    return Rule("pad-attrs-to-inputs", ("Pad",), pattern, check, rewrite,
+                doc="Pad with pads/value attributes (opset < 11) -> Pad with pads/value inputs",
+                family="replace", exact=True)
+
+
+def upgrade_pad(model: ir.Model, to_opset: int, stats: RewriteStats | None = None) -> bool:
+    """Rewrite attribute-form Pads into the input form of opset 11+, for a model about to import ``to_opset``.
+
+    Only a step of raising the opset: the caller sets the opset import (the model is invalid between the
+    two). Does nothing when ``to_opset`` < 11 or the model already imports 11+. Returns changed.
+    """
+    if to_opset < 11 or _opset(model) >= 11:
+        return False
+    return apply_rules(model, [_pad_rule()], stats=stats)
+
+
+def _opset(model: ir.Model) -> int:
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+
+
+def _opset_blocker(model: ir.Model, to_opset: int) -> str | None:
+    """Why the opset cannot be raised by converting Pad alone: the first other op whose schema changes."""
+    old = _opset(model)
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for node in graph:
+            if node.domain not in ("", "ai.onnx") or node.op_type == "Pad":
+                continue
+            try:
+                a = onnx.defs.get_schema(node.op_type, old).since_version
+                b = onnx.defs.get_schema(node.op_type, to_opset).since_version
+            except onnx.defs.SchemaError:
+                return f"no schema for {node.op_type}"
+            if a != b:
+                return f"{node.op_type} changes between opset {old} and {to_opset}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the pass
+
+
+def replacement_rules(target: Target | str) -> list[Rule]:
+    """The replacement rules for ``target`` (driver rules; channel-shuffle-to-idiom is run separately)."""
+    t = get_target(target)
+    return [_bn_rule(t), _prelu_rule(t), _gemm_to_conv_rule(t), _matmul_to_conv_rule(t), _conv_to_gemm_rule(t),
+            _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t)]
+
+
+class OpReplacement(RulePass):
+    """Replace ops the target lacks, or prefers in another form; optionally raise the opset (Pad)."""
+
+    name = "replace"
+    doc = "rewrite ops the target lacks into ops it runs, or into the form it prefers"
+
+    def __init__(self, target: Target | str = "onnx", *, upgrade_opset_to: int | None = None) -> None:
+        super().__init__()
+        self.target = get_target(target)
+        self.upgrade_opset_to = upgrade_opset_to
+        self.rules = replacement_rules(self.target)
+        self.custom_rules = [_channel_shuffle_to_idiom_rule(self.target)]
+
+    def run(self, model: ir.Model) -> bool:
+        stats = RewriteStats()
+        changed = False
+        if self.upgrade_opset_to is not None and _opset(model) < self.upgrade_opset_to:
+            changed |= self._raise_opset(model, self.upgrade_opset_to, stats)
+        changed |= self._run_custom(model, stats)
+        changed |= apply_rules(model, self.rules, stats=stats)
+        changed |= _sync_dlcc_import(model)
+        self.fired.update(stats.fired)
+        self.refused = stats.refused
+        return changed
+
+    def _raise_opset(self, model: ir.Model, to_opset: int, stats: RewriteStats) -> bool:
+        why = _opset_blocker(model, to_opset)
+        if why:
+            stats.refused[("raise-opset", why)] += 1
+            return False
+        upgrade_pad(model, to_opset, stats)
+        model.opset_imports[""] = to_opset
+        model.opset_imports.pop("ai.onnx", None)
+        needed = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", to_opset)])
+        model.ir_version = max(model.ir_version, needed)
+        stats.fired["raise-opset"] += 1
+        return True
+
+    def _run_custom(self, model: ir.Model, stats: RewriteStats) -> bool:
+        """The driver's loop for dlcc-domain nodes, which the driver itself does not visit (one sweep
+        suffices: the rewrites create no dlcc nodes)."""
+        graph = model.graph
+        names: NameGen | None = None
+        changed = False
+        for node in list(graph):
+            if node.graph is not graph or node.domain != DLCC_DOMAIN:
+                continue
+            for rule in self.custom_rules:
+                if node.op_type not in rule.roots:
+                    continue
+                m = rule.pattern(node)
+                if m is None:
+                    continue
+                why = rule.check(node, m)
+                if why:
+                    stats.refused[(rule.name, why)] += 1
+                    continue
+                names = names or NameGen(graph)
+                b = Builder(graph, names, _opset(model))
+                new = rule.rewrite(node, m, b)
+                if new is None:
+                    continue
+                _apply(graph, node, list(new), b)
+                stats.fired[rule.name] += 1
+                changed = True
+                break
+        return changed
+
+
+def _sync_dlcc_import(model: ir.Model) -> bool:
+    """Import the dlcc domain iff a node uses it; returns whether the imports changed."""
+    used = any(n.domain == DLCC_DOMAIN for g in (model.graph, *model.graph.subgraphs()) for n in g)
+    if used and DLCC_DOMAIN not in model.opset_imports:
+        model.opset_imports[DLCC_DOMAIN] = DLCC_DOMAIN_VERSION
+        return True
+    if not used and DLCC_DOMAIN in model.opset_imports and not model.functions:
+        del model.opset_imports[DLCC_DOMAIN]
+        return True
+    return False
