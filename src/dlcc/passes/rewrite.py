@@ -228,6 +228,7 @@ def _take_graph_output(graph: ir.Graph, root: ir.Node, old: ir.Value, new: ir.Va
 
 def _remove_dead_producers(graph: ir.Graph, values: list[ir.Value]) -> None:
     stack = list(values)
+    seen = list(values)
     while stack:
         v = stack.pop()
         node = v.producer()
@@ -235,10 +236,13 @@ def _remove_dead_producers(graph: ir.Graph, values: list[ir.Value]) -> None:
             continue
         if any(o.uses() or o.is_graph_output() for o in node.outputs):
             continue
-        stack.extend(x for x in node.inputs if x is not None)
+        inputs = [x for x in node.inputs if x is not None]
+        stack.extend(inputs)
+        seen.extend(inputs)
         graph.remove(node, safe=True)
-    for v in values:
-        if v.is_initializer() and not v.uses() and not v.is_graph_output() and v.name in graph.initializers:
+    for v in seen:
+        if (v.is_initializer() and not v.uses() and not v.is_graph_output() and not v.is_graph_input()
+                and v.name in graph.initializers):
             del graph.initializers[v.name]
 
 
