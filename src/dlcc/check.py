@@ -110,7 +110,7 @@ def random_inputs(
             arr = rng.random(shape) < 0.5
         else:
             arr = rng.integers(0, 4, size=shape).astype(spec.dtype)
-        feeds[spec.name] = arr
+        feeds[spec.name] = np.asarray(arr, dtype=spec.dtype)  # rank 0: an array, not a numpy scalar
     return feeds
 
 
