@@ -16,7 +16,7 @@ from dlcc.errors import DlccError
 from dlcc.frontend.load import load
 from dlcc.frontend.shapes import infer_shapes, set_input_shapes
 from dlcc.passes.manager import ManagerOptions, PassManager, PipelineReport
-from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, passes_for
+from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, PipelineOptions, passes_for
 
 
 def optimize(
@@ -31,6 +31,8 @@ def optimize(
     emit: Callable[[str], None] = print,
     on_pass: Callable[[str], None] | None = None,
     keep_initializer_inputs: bool = False,
+    target: str = "onnx",
+    allow_lossy: bool = False,
 ) -> ir.Model:
     if not isinstance(level, int) or not 0 <= level <= MAX_LEVEL:
         raise DlccError(f"optimization level must be 0..{MAX_LEVEL}, not {level!r}")
@@ -38,10 +40,14 @@ def optimize(
         model = load(model, keep_initializer_inputs=keep_initializer_inputs)
     set_input_shapes(model, input_shapes or {})
     infer_shapes(model)
+    from dlcc.passes.targets import get_target
+
+    get_target(target)  # an unknown target is the user's error, before any work
     manager = PassManager(
-        passes_for(level),
+        passes_for(level, PipelineOptions(target=target, allow_lossy=allow_lossy)),
         ManagerOptions(verify=verify, print_after=print_after, print_after_all=print_after_all,
-                       dump_dir=dump_dir, emit=emit, on_pass=on_pass),
+                       dump_dir=dump_dir, emit=emit, on_pass=on_pass,
+                       after_round=lambda m: infer_shapes(m, strict=False)),
         level=level,
     )
     report: PipelineReport = manager.run(model)

@@ -97,7 +97,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         model = optimize(
             model, level=args.level, input_shapes=shapes, verify=args.verify,
             print_after=args.print_after or (), print_after_all=args.print_after_all,
-            dump_dir=args.dump_dir, emit=_out.out, on_pass=update,
+            dump_dir=args.dump_dir, emit=_out.out, on_pass=update, target=args.target,
+            allow_lossy=args.allow_lossy,
         )
         update("writing")
         save(model, args.output)
@@ -174,6 +175,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from dlcc.check import DEFAULT_ATOL, DEFAULT_RTOL
     from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, pass_names
+    from dlcc.passes.targets import TARGETS
 
     parser = argparse.ArgumentParser(
         prog="dlcc", description="dlcc: a deep-learning compiler for ONNX models.",
@@ -200,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"optimization level 0..{MAX_LEVEL} (0 = load and save only; default {DEFAULT_LEVEL})")
     shape_opt(p)
     legacy_opt(p)
+    p.add_argument("--target", default="onnx", choices=sorted(TARGETS),
+                   help="what the output must run on: replacements apply only where the target lacks an op "
+                        "or prefers another form (level 3; default onnx = portable standard ONNX)")
+    p.add_argument("--allow-lossy", action="store_true",
+                   help="also remove QuantizeLinear->DequantizeLinear pairs (changes values)")
     p.add_argument("--stats", action="store_true", help="print per-pass timings and rules fired")
     p.add_argument("--print-after", action="append", metavar="PASS",
                    help=f"print the IR after the named pass (one of: {', '.join(pass_names())})")

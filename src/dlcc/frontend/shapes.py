@@ -115,8 +115,10 @@ def infer_shapes(model: ir.Model, *, strict: bool | None = None) -> ir.Model:
         if strict:
             raise ShapeError(f"the shapes do not fit the model: {first}",
                              hint="check the --input-shape values") from None
-        model.meta.setdefault("dlcc.notes", []).append(f"strict shape inference failed ({first}); "
-                                                       "used lenient inference")
+        note = f"strict shape inference failed ({first}); used lenient inference"
+        notes = model.meta.setdefault("dlcc.notes", [])
+        if note not in notes:
+            notes.append(note)
         with contextlib.suppress(onnx.shape_inference.InferenceError, RuntimeError, ValueError):
             _onnx_infer(model, strict_mode=False)
     complete_shapes(model.graph)

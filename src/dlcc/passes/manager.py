@@ -98,6 +98,7 @@ class ManagerOptions:
     max_rounds: int = 8
     emit: Callable[[str], None] = print
     on_pass: Callable[[str], None] | None = None  # progress hook: called before each pass runs
+    after_round: Callable[[ir.Model], None] | None = None  # e.g. re-infer shapes for the next round
 
 
 class PassManager:
@@ -150,6 +151,8 @@ class PassManager:
                     dump.write(f"r{report.rounds}-{p.name}", model)
             if not changed_now:
                 break
+            if opts.after_round:
+                opts.after_round(model)
             if report.rounds >= opts.max_rounds:
                 raise PassError(
                     f"the level-{self.level} pipeline did not reach a fixpoint in {opts.max_rounds} rounds: "

@@ -1,27 +1,63 @@
-"""The optimization pipeline: one literal list of (minimum level, pass), run in order to a fixpoint.
+"""The optimization pipeline: one literal list of (minimum level, pass factory), run in order to a fixpoint.
 
 Levels: 0 = load and save only; 1 = folding, elimination, CSE; 2 = + linear-op fusion, patterns and
-hoisting; 3 = + target-driven replacement. A pass runs at every level from its minimum up.
-Each entry says why it is where it is.
+hoisting; 3 = + target-driven replacement. A pass runs at every level from its minimum up. Rules that
+reassociate floating point (linear fusion) start at level 2. Each entry says why it is where it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dlcc.passes.cse import CommonSubexpressionElimination
 from dlcc.passes.eliminate import DeadCodeElimination
+from dlcc.passes.fold import ConstantFolding, ConstantParams
+from dlcc.passes.fuse_linear import LinearFusion
+from dlcc.passes.hoist import Hoisting
 from dlcc.passes.manager import Pass
+from dlcc.passes.patterns import PatternFusion
+from dlcc.passes.redundant import InversePairs, MarkViews, NoOpElimination, ReshapeChains
+from dlcc.passes.replace import OpReplacement
 
 MAX_LEVEL = 3
 DEFAULT_LEVEL = 3  # the highest level whose output is portable ONNX for the `onnx` target
 
-PIPELINE: list[tuple[int, type[Pass]]] = [
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    target: str = "onnx"  # see dlcc.passes.targets.TARGETS
+    allow_lossy: bool = False  # QuantizeLinear->DequantizeLinear removal changes values
+
+
+PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
+    # constants first: every later rule sees folded initializers and static shape arithmetic
+    (1, lambda o: ConstantFolding()),
+    # ops that mean nothing, then chains and inverse pairs that cancel
+    (1, lambda o: NoOpElimination()),
+    (1, lambda o: ReshapeChains()),
+    (1, lambda o: InversePairs(allow_lossy=o.allow_lossy)),
+    # after elimination, identical subexpressions are easier to see
+    (1, lambda o: CommonSubexpressionElimination()),
+    # level 2: exact algebra on constant weights (reassociates floating point), then idioms
+    (2, lambda o: LinearFusion()),
+    (2, lambda o: PatternFusion()),
+    # move Slice/Gather up and Transpose/Reshape down so inverse pairs meet in the next round
+    (2, lambda o: Hoisting()),
+    # level 3: what the target lacks or prefers (the `onnx` target keeps standard ONNX)
+    (3, lambda o: OpReplacement(o.target)),
+    # annotations for the backend (node meta; never change the ONNX output)
+    (1, lambda o: ConstantParams()),
+    (1, lambda o: MarkViews()),
     # last, so that whatever earlier passes orphaned is gone before the next round starts
-    (1, DeadCodeElimination),
+    (1, lambda o: DeadCodeElimination()),
 ]
 
 
-def passes_for(level: int) -> list[Pass]:
-    return [cls() for min_level, cls in PIPELINE if level >= min_level]
+def passes_for(level: int, options: PipelineOptions | None = None) -> list[Pass]:
+    options = options or PipelineOptions()
+    return [factory(options) for min_level, factory in PIPELINE if level >= min_level]
 
 
 def pass_names() -> list[str]:
-    return [cls.name for _, cls in PIPELINE]
+    return [p.name for p in passes_for(MAX_LEVEL)]

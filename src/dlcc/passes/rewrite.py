@@ -268,7 +268,7 @@ class RulePass(Pass):
 
 def const_array(v: ir.Value | None) -> np.ndarray | None:
     """The value's constant data (initializer or Constant node output), or None."""
-    if v is None:
+    if v is None or v.is_graph_input():  # an initializer that is also an input can be overridden
         return None
     if v.const_value is not None:
         return v.const_value.numpy()
