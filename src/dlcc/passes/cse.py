@@ -114,23 +114,29 @@ class CommonSubexpressionElimination(Pass):
         return changed
 
     def _initializers(self, graph: ir.Graph) -> bool:
-        changed = False
-        buckets: dict[tuple, list[ir.Value]] = {}
-        for name, v in list(graph.initializers.items()):
+        # bucket by dtype and shape first: only tensors that share both are hashed (weights rarely do)
+        by_type: dict[tuple, list[tuple[str, ir.Value]]] = {}
+        for name, v in graph.initializers.items():
             t = v.const_value
             if t is None or t.dtype == ir.DataType.STRING or v.is_graph_input() or v.is_graph_output():
                 continue
-            data = t.tobytes()
-            key = (t.dtype, tuple(t.shape), hashlib.blake2b(data, digest_size=16).digest())
-            same = buckets.setdefault(key, [])
-            kept = next((k for k in same if k.const_value.tobytes() == data), None)
-            if kept is None:
-                same.append(v)
+            by_type.setdefault((t.dtype, tuple(t.shape)), []).append((name, v))
+        changed = False
+        for group in by_type.values():
+            if len(group) < 2:
                 continue
-            v.replace_all_uses_with(kept)
-            del graph.initializers[name]
-            self.fired["merge-initializer"] += 1
-            changed = True
+            buckets: dict[bytes, list[tuple[ir.Value, bytes]]] = {}
+            for name, v in group:
+                data = v.const_value.tobytes()
+                same = buckets.setdefault(hashlib.blake2b(data, digest_size=16).digest(), [])
+                kept = next((k for k, kdata in same if kdata == data), None)
+                if kept is None:
+                    same.append((v, data))
+                    continue
+                v.replace_all_uses_with(kept)
+                del graph.initializers[name]
+                self.fired["merge-initializer"] += 1
+                changed = True
         return changed
 
     def _nodes(self, graph: ir.Graph) -> bool:
