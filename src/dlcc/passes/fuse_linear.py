@@ -32,7 +32,6 @@ done in float64 and rounded once to the weight's dtype, so every rule is ``exact
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,17 +39,14 @@ import onnx_ir as ir
 
 from dlcc.passes.patterns import (
     EPILOGUE,
-    Annotation,
-    apply_annotations,
     bias_step,
     channel_vector,
 )
 from dlcc.passes.rewrite import (
+    Annotation,
     Builder,
-    RewriteStats,
     Rule,
     RulePass,
-    apply_rules,
     attr,
     const_array,
     producer,
@@ -467,11 +463,3 @@ class LinearFusion(RulePass):
     doc = "fold BatchNormalization and per-channel constant Add/Sub/Mul/Div into Conv/Gemm/MatMul weights"
     rules = RULES
     annotations = ANNOTATIONS
-
-    def run(self, model: ir.Model) -> bool:
-        stats = RewriteStats()
-        changed = apply_rules(model, self.rules, stats=stats)
-        changed |= apply_annotations(model, self.annotations, stats)
-        self.fired.update(stats.fired)
-        self.refused = Counter(stats.refused)
-        return changed

@@ -41,19 +41,16 @@ rule form and its runner, and ``bias_step`` (so both passes write the same epilo
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
 from dlcc.passes.rewrite import (
+    Annotation,
     Builder,
-    RewriteStats,
     Rule,
     RulePass,
-    apply_rules,
     attr,
     const_array,
     single_use,
@@ -152,51 +149,6 @@ def set_meta(node: ir.Node, updates: dict) -> bool:
 # ------------------------------------------------------------------------------ annotation rules
 
 
-@dataclass(frozen=True)
-class Annotation:
-    """A rule that only writes ``node.meta`` (the graph stays unchanged); same shape as ``Rule``.
-
-    ``annotate(node, captures) -> bool`` returns whether it wrote something new. ``max_opset`` lets an
-    annotation stand in for a rewrite that needs an op the model's opset does not have.
-    """
-
-    name: str
-    roots: tuple[str, ...]
-    pattern: Callable[[ir.Node], dict | None]
-    check: Callable[[ir.Node, dict], str | None]
-    annotate: Callable[[ir.Node, dict], bool]
-    doc: str = ""
-    family: str = "annotation"
-    min_opset: int = 1
-    max_opset: int | None = None
-
-
-def apply_annotations(model: ir.Model, annotations: Sequence[Annotation],
-                      stats: RewriteStats | None = None) -> bool:
-    """One sweep of ``annotations`` over the main graph; returns whether any wrote something new."""
-    stats = stats or RewriteStats()
-    opset = model_opset(model)
-    by_op: dict[str, list[Annotation]] = {}
-    for a in annotations:
-        if opset >= a.min_opset and (a.max_opset is None or opset <= a.max_opset):
-            for op in a.roots:
-                by_op.setdefault(op, []).append(a)
-    changed = False
-    for node in list(model.graph):
-        if not _default(node):
-            continue
-        for a in by_op.get(node.op_type, ()):
-            m = a.pattern(node)
-            if m is None:
-                continue
-            why = a.check(node, m)
-            if why:
-                stats.refused[(a.name, why)] += 1
-                continue
-            if a.annotate(node, m):
-                stats.fired[a.name] += 1
-                changed = True
-    return changed
 
 
 # ------------------------------------------------------------------------------ reductions and shapes
@@ -841,11 +793,3 @@ class PatternFusion(RulePass):
     doc = "recognize LayerNorm/RMSNorm/GELU chains; record Conv/Gemm/MatMul epilogues for the backend"
     rules = RULES
     annotations = ANNOTATIONS
-
-    def run(self, model: ir.Model) -> bool:
-        stats = RewriteStats()
-        changed = apply_rules(model, self.rules, stats=stats)
-        changed |= apply_annotations(model, self.annotations, stats)
-        self.fired.update(stats.fired)
-        self.refused = Counter(stats.refused)
-        return changed
