@@ -50,8 +50,8 @@ def optimize(
                        after_round=lambda m: infer_shapes(m, strict=False)),
         level=level,
     )
+    # shapes are current: the manager re-infers after every round that changed something, and the last
+    # round changed nothing
     report: PipelineReport = manager.run(model)
-    if level > 0:
-        infer_shapes(model, strict=False)
     model.meta["dlcc.report"] = report
     return model

@@ -84,3 +84,12 @@ def test_builder_constants_and_names_are_unique() -> None:
     out = run_ort(ir.serde.serialize_model(model), feeds)
     r = np.maximum(feeds["x"], 0)
     np.testing.assert_allclose(out["z"], r * 2, rtol=1e-6)
+
+
+def test_as_tensor_keeps_rank_zero_and_layout() -> None:
+    from dlcc.passes.rewrite import as_tensor
+
+    assert as_tensor(np.array(3, np.int64)).shape == ir.Shape([])
+    t = as_tensor(np.arange(6, dtype=np.float32).reshape(2, 3).T, "t")
+    assert t.shape == ir.Shape([3, 2]) and t.name == "t"
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T)

@@ -37,6 +37,9 @@ from dlcc.errors import DlccError, ExternalDataError, ModelLoadError, OutputErro
 KNOWN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training",
                            "dlcc", "dlcc.fused"})
 
+# below this size the checker sees the proto itself; above, only its skeleton (no weight copies)
+CHECK_PROTO_BYTES = 16 << 20
+
 # protobuf cannot serialize a message of 2 GiB or more; stay clear of the limit.
 EXTERNAL_DATA_THRESHOLD = 2_000_000_000
 
@@ -63,8 +66,12 @@ def load(
     _check_structure(proto)
     _check_external_data(proto, folder)
     _check_domains(proto)
-    _run_checker(proto)
+    small = proto.ByteSize() < CHECK_PROTO_BYTES
+    if small:
+        _run_checker(proto)
     model = ir.serde.deserialize_model(proto)
+    if not small:
+        _run_checker(model)
     if folder is not None:
         ir.external_data.set_base_dir(model.graph, str(folder))
     model.meta["dlcc.notes"] = []
@@ -287,9 +294,19 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _run_checker(proto: onnx.ModelProto) -> None:
-    try:
+def _run_checker(model: onnx.ModelProto | ir.Model) -> None:
+    """onnx's checker. A big model is checked as its skeleton (big tensors passed as typed inputs) so the
+    checker does not serialize every weight once more; a small proto is checked as it is (cheaper)."""
+    from onnx_ir.passes.common import _c_api_utils
+
+    def check(proto: onnx.ModelProto) -> None:
         onnx.checker.check_model(_checkable(proto), full_check=False)
+
+    try:
+        if isinstance(model, onnx.ModelProto):
+            check(model)
+        else:
+            _c_api_utils.call_onnx_api(check, model)
     except onnx.checker.ValidationError as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "validation failed")
         raise ModelLoadError(f"the model is not valid ONNX: {first}",

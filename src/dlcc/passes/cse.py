@@ -125,6 +125,18 @@ class CommonSubexpressionElimination(Pass):
         for group in by_type.values():
             if len(group) < 2:
                 continue
+            # a strided sample of 64 elements tells random weights apart without reading them all
+            samples: dict[bytes, list[tuple[str, ir.Value]]] = {}
+            for name, v in group:
+                flat = v.const_value.numpy().reshape(-1)
+                sample = flat[:: max(1, flat.size // 64)].tobytes()
+                samples.setdefault(sample, []).append((name, v))
+            changed |= self._merge_equal([g for g in samples.values() if len(g) > 1], graph)
+        return changed
+
+    def _merge_equal(self, groups: list[list[tuple[str, ir.Value]]], graph: ir.Graph) -> bool:
+        changed = False
+        for group in groups:
             buckets: dict[bytes, list[tuple[ir.Value, bytes]]] = {}
             for name, v in group:
                 data = v.const_value.tobytes()

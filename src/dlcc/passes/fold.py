@@ -60,7 +60,7 @@ import onnx_ir as ir
 
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.manager import Pass
-from dlcc.passes.rewrite import NameGen
+from dlcc.passes.rewrite import NameGen, as_tensor
 
 MAX_GROWTH = 16  # a result this many times larger than its source is a generator candidate
 MAX_BYTES = 1 << 20  # a generator candidate above this size is never materialized
@@ -164,6 +164,11 @@ class _TooBig(Exception):
     pass
 
 
+def _all_static(graph: ir.Graph) -> bool:
+    return all(o.shape is not None and all(isinstance(d, int) for d in o.shape)
+               for node in graph for o in node.outputs)
+
+
 class ConstantFolding(Pass):
     name = "fold"
     doc = "evaluate nodes whose inputs are constant, and shape arithmetic on static shapes, at compile time"
@@ -192,7 +197,10 @@ class ConstantFolding(Pass):
             if not self._sweep():
                 break
             changed = True
-            # folded shapes make more shapes static, and those fold in the next sweep
+            # folded shapes make more shapes static, and those fold in the next sweep; when every shape is
+            # already static, a sweep in topological order has folded all it can
+            if _all_static(self._graph):
+                break
             infer_shapes(model, strict=False)
         return changed
 
@@ -404,7 +412,7 @@ class ConstantFolding(Pass):
             if _needed(out):
                 if value is None:
                     raise AssertionError(f"{node.op_type} produced no value for used output '{out.name}'")
-                self._replace_with_tensor(out, ir.tensor(value))
+                self._replace_with_tensor(out, as_tensor(value))
         inputs = [v for v in node.inputs if v is not None]
         self._graph.remove(node, safe=True)
         self._generators.pop(node, None)

@@ -82,7 +82,7 @@ class Builder:
     def const(self, array, hint: str = "const") -> ir.Value:
         array = np.asarray(array)
         name = self.names.new(hint)
-        tensor = ir.tensor(array, name=name)
+        tensor = as_tensor(array, name)
         v = ir.Value(name=name, shape=ir.Shape(list(array.shape)), type=ir.TensorType(tensor.dtype),
                      const_value=tensor)
         self.constants.append(v)
@@ -331,6 +331,17 @@ def const_array(v: ir.Value | None) -> np.ndarray | None:
         t = ir.convenience.get_const_tensor(v)
         return None if t is None else t.numpy()
     return None
+
+
+def as_tensor(array, name: str | None = None) -> ir.TensorProtocol:
+    """An ir tensor over a numpy array. ``ir.Tensor`` directly: ``ir.tensor`` runs Protocol isinstance
+    checks that cost more than the folding itself on big graphs; strings still go through it."""
+    array = np.asarray(array)
+    if array.dtype.kind in "OSU":
+        return ir.tensor(array, name=name)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
+    return ir.Tensor(array, name=name)
 
 
 def single_use(v: ir.Value) -> bool:
