@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from dlcc.errors import DlccError
 from dlcc.frontend.load import load
-from dlcc.frontend.shapes import infer_shapes, set_input_shapes
+from dlcc.frontend.shapes import infer_shapes, refresh_shapes, set_input_shapes
 from dlcc.passes.manager import ManagerOptions, PassManager, PipelineReport
 from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, PipelineOptions, passes_for
 
@@ -38,8 +38,11 @@ def optimize(
         raise DlccError(f"optimization level must be 0..{MAX_LEVEL}, not {level!r}")
     if not isinstance(model, ir.Model):
         model = load(model, keep_initializer_inputs=keep_initializer_inputs)
-    set_input_shapes(model, input_shapes or {})
-    infer_shapes(model)
+    if input_shapes:
+        set_input_shapes(model, input_shapes)
+        infer_shapes(model)
+    else:
+        refresh_shapes(model)  # infers unless every value already has a static shape (small models: load did)
     from dlcc.passes.targets import get_target
 
     get_target(target)  # an unknown target is the user's error, before any work
@@ -47,11 +50,11 @@ def optimize(
         passes_for(level, PipelineOptions(target=target, allow_lossy=allow_lossy)),
         ManagerOptions(verify=verify, print_after=print_after, print_after_all=print_after_all,
                        dump_dir=dump_dir, emit=emit, on_pass=on_pass,
-                       after_round=lambda m: infer_shapes(m, strict=False)),
+                       after_round=refresh_shapes),
         level=level,
     )
-    # shapes are current: the manager re-infers after every round that changed something, and the last
-    # round changed nothing
     report: PipelineReport = manager.run(model)
+    if report.rounds > 1:  # something changed: annotate every value (cheap when all shapes are static)
+        refresh_shapes(model)
     model.meta["dlcc.report"] = report
     return model

@@ -111,3 +111,25 @@ def test_light_model_weight_shapes_inferred_by_data_propagation() -> None:
     infer_shapes(model)
     unknown = [o.name for n in model.graph for o in n.outputs if o.shape is None]
     assert unknown == []
+
+
+def test_inference_keeps_initializer_order() -> None:
+    """onnx_ir's skeleton call re-registers big initializers; the order (and so the file) must not move"""
+    import numpy as np
+
+    from dlcc.frontend.shapes import refresh_shapes
+
+    model = ir.from_onnx_text("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,300] x) => (float[2,300] y) { a = Add(x, big) y = Mul(a, small) }
+    """)
+    big = ir.Value(name="big", const_value=ir.Tensor(np.ones(300, np.float32), name="big"))
+    small = ir.Value(name="small", const_value=ir.Tensor(np.ones(1, np.float32), name="small"))
+    for v in (big, small):
+        model.graph.register_initializer(v)
+    model.graph.node(0).replace_input_with(1, big)
+    model.graph.node(1).replace_input_with(1, small)
+    infer_shapes(model)
+    assert list(model.graph.initializers) == ["big", "small"]
+    refresh_shapes(model)
+    assert list(model.graph.initializers) == ["big", "small"]

@@ -69,6 +69,7 @@ def load(
     small = proto.ByteSize() < CHECK_PROTO_BYTES
     if small:
         _run_checker(proto)
+        proto = _infer_small(proto)
     model = ir.serde.deserialize_model(proto)
     if not small:
         _run_checker(model)
@@ -294,10 +295,21 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def _infer_small(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes for a small model come cheapest from the proto itself (no IR round trip); a model whose
+    inference fails is left as it is (``dlcc.frontend.shapes.infer_shapes`` reports why later)."""
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto)):
+        return proto
+    try:
+        return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, RuntimeError, ValueError):
+        return proto
+
+
 def _run_checker(model: onnx.ModelProto | ir.Model) -> None:
     """onnx's checker. A big model is checked as its skeleton (big tensors passed as typed inputs) so the
     checker does not serialize every weight once more; a small proto is checked as it is (cheaper)."""
-    from onnx_ir.passes.common import _c_api_utils
+    from dlcc.frontend.shapes import skeleton_call
 
     def check(proto: onnx.ModelProto) -> None:
         onnx.checker.check_model(_checkable(proto), full_check=False)
@@ -306,7 +318,7 @@ def _run_checker(model: onnx.ModelProto | ir.Model) -> None:
         if isinstance(model, onnx.ModelProto):
             check(model)
         else:
-            _c_api_utils.call_onnx_api(check, model)
+            skeleton_call(check, model)
     except onnx.checker.ValidationError as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "validation failed")
         raise ModelLoadError(f"the model is not valid ONNX: {first}",

@@ -125,14 +125,37 @@ def infer_shapes(model: ir.Model, *, strict: bool | None = None) -> ir.Model:
     return model
 
 
-def _onnx_infer(model: ir.Model, *, strict_mode: bool) -> None:
-    from onnx_ir.passes.common import _c_api_utils  # removes big initializers around the C call
+def skeleton_call(func, model: ir.Model):
+    """Call an onnx C++ API on the model without its big tensors (onnx_ir's helper passes them as typed
+    inputs), keeping the initializers' order so that output files stay byte-stable."""
+    from onnx_ir.passes.common import _c_api_utils
 
+    order = list(model.graph.initializers.values())
+    try:
+        return _c_api_utils.call_onnx_api(func, model)
+    finally:
+        if list(model.graph.initializers.values()) != order:
+            model.graph.initializers.clear()
+            for v in order:
+                model.graph.initializers.add(v)
+
+
+def refresh_shapes(model: ir.Model) -> ir.Model:
+    """After rewrites: fill what our completion can; run onnx inference only when some value is still
+    unknown or symbolic (rewrites keep the shapes of the values they keep, and give new values theirs)."""
+    complete_shapes(model.graph)
+    if not all(o.shape is not None and o.dtype is not None and all(isinstance(d, int) for d in o.shape)
+               for node in model.graph for o in node.outputs):
+        infer_shapes(model, strict=False)
+    return model
+
+
+def _onnx_infer(model: ir.Model, *, strict_mode: bool) -> None:
     def infer(proto: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=strict_mode,
                                                  data_prop=True)
 
-    inferred = _c_api_utils.call_onnx_api(infer, model)
+    inferred = skeleton_call(infer, model)
     found: dict[str, tuple[int, list]] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
         tt = vi.type.tensor_type

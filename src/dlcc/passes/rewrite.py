@@ -90,11 +90,19 @@ class Builder:
 
 
 class NameGen:
-    """Unique value/node names: never collides with a name already in the graph."""
+    """Unique value/node names: never collides with a name already in the graph. The graph's names are
+    collected on first use (most driver runs fire nothing and need none)."""
 
     def __init__(self, graph: ir.Graph) -> None:
-        self.used = {v.name for v in _values(graph)} | {n.name for n in graph}
+        self.graph = graph
+        self._used: set[str] | None = None
         self.counter = itertools.count()
+
+    @property
+    def used(self) -> set[str]:
+        if self._used is None:
+            self._used = {v.name for v in _values(self.graph)} | {n.name for n in self.graph}
+        return self._used
 
     def new(self, hint: str) -> str:
         base = "".join(c if c.isalnum() or c in "_./" else "_" for c in (hint or "v"))[:48]
