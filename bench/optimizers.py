@@ -1,7 +1,8 @@
-"""Benchmark: dlcc optimize against the graph optimizers users run today, on the nine light models.
+"""Benchmark: dlcc optimize against the graph optimizers users run today (light and test-kit models).
 
-What goes in: the light reference models that the onnx wheel ships, with seeded random weights
-(``dlcc.testing.light_model``), so every tool sees real weights rather than all-ones generators.
+What goes in: the nine light reference models that the onnx wheel ships and the dlcc.testing kit models
+(MLP, conv stacks, attention, transformer encoder, LayerNorm/GELU written out), all with seeded random
+weights, so every tool sees real weights rather than all-ones generators.
 What comes out: a table per model and tool — node count after, wall time of the optimization (load,
 optimize, save), whether the outputs still match the original in onnxruntime (max|got-ref| <=
 1e-4 * max|ref| + 1e-6), output file size, and the latency of the optimized model under onnxruntime
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import dlcc  # noqa: E402
 from dlcc.check import check_models, random_inputs  # noqa: E402
-from dlcc.testing import LIGHT_MODELS, light_model  # noqa: E402
+from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model, randomize  # noqa: E402
 from machine import write_section  # noqa: E402
 
 RTOL, ATOL = 1e-4, 1e-6
@@ -118,7 +119,7 @@ def latencies_ms(paths: dict[str, Path], feeds: dict, repeat: int) -> dict[str, 
 
 def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repeat: int = 3) -> list[dict]:
     src = work / f"{name}.onnx"
-    onnx.save(light_model(name, seed=0), src)
+    onnx.save(light_model(name, seed=0) if name in LIGHT_MODELS else randomize(KIT_MODELS[name](), seed=0), src)
     nodes0 = len(onnx.load(src, load_external_data=False).graph.node)
     feeds = random_inputs(str(src), seed=1)
     rows = [{"model": name, "tool": "original", "nodes": nodes0, "seconds": 0.0, "match": "-",
@@ -206,7 +207,8 @@ def render(rows: list[dict], tools: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(LIGHT_MODELS))
+    parser.add_argument("--models", default=",".join([*LIGHT_MODELS, *KIT_MODELS]),
+                        help="light models of the onnx wheel and dlcc.testing kit models (default: all)")
     parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--repeat", type=int, default=10, help="latency runs per model (0 = skip latency)")
     parser.add_argument("--wall-repeat", type=int, default=3, help="optimization runs per tool (best is kept)")
@@ -224,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         body = (f"Run: `make bench` (bench/optimizers.py). dlcc {dlcc.__version__}, "
                 f"{_versions()}.\nModels: the nine light models of the onnx wheel with seeded random "
-                "weights (dlcc.testing.light_model(name, seed=0)).\n\n" + table)
+                "weights (dlcc.testing.light_model(name, seed=0)) and the dlcc.testing kit models "
+                "(randomize(builder(), seed=0)).\n\n" + table)
         write_section(ROOT / "docs" / "BENCHMARKS.md", "Graph optimizers", body)
     return 0
 

@@ -1,0 +1,1 @@
+"""Fusion: graph IR -> FusionPlan (analysis only; the graph is not mutated)."""
