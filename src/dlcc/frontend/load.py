@@ -62,11 +62,12 @@ def load(
     ``base_dir`` is the folder external data is read from; it defaults to the model file's folder and is
     required when ``source`` is bytes or a ModelProto that references external data.
     """
-    proto, folder = _read_proto(source, base_dir)
+    proto, folder, size = _read_proto(source, base_dir)
     _check_structure(proto)
     _check_external_data(proto, folder)
     _check_domains(proto)
-    small = proto.ByteSize() < CHECK_PROTO_BYTES
+    # checker and shape inference: a small proto as it is; a big model as its skeleton (no weight copies)
+    small = size < CHECK_PROTO_BYTES
     if small:
         _run_checker(proto)
         proto = _infer_small(proto)
@@ -85,11 +86,12 @@ def load(
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _read_proto(source: ModelSource, base_dir) -> tuple[onnx.ModelProto, Path | None]:
+def _read_proto(source: ModelSource, base_dir) -> tuple[onnx.ModelProto, Path | None, int]:
+    """The proto, the folder external data is read from, and the serialized size in bytes."""
     if isinstance(source, onnx.ModelProto):
-        return source, Path(base_dir) if base_dir is not None else None
+        return source, Path(base_dir) if base_dir is not None else None, source.ByteSize()
     if isinstance(source, bytes | bytearray | memoryview):
-        return _parse(bytes(source), "<bytes>"), Path(base_dir) if base_dir is not None else None
+        return _parse(bytes(source), "<bytes>"), Path(base_dir) if base_dir is not None else None, len(source)
     if not isinstance(source, str | os.PathLike):
         raise ModelLoadError(f"cannot load a model from a {type(source).__name__}",
                              hint="pass a path, the bytes of an .onnx file or an onnx.ModelProto")
@@ -104,7 +106,7 @@ def _read_proto(source: ModelSource, base_dir) -> tuple[onnx.ModelProto, Path | 
         raise ModelLoadError(f"cannot read model file '{path}': {e.strerror}",
                              hint="check its permissions") from None
     folder = Path(base_dir) if base_dir is not None else path.resolve().parent
-    return _parse(data, str(path)), folder
+    return _parse(data, str(path)), folder, len(data)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -308,8 +310,9 @@ def _infer_small(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _run_checker(model: onnx.ModelProto | ir.Model) -> None:
     """onnx's checker. A big model is checked as its skeleton (big tensors passed as typed inputs) so the
-    checker does not serialize every weight once more; a small proto is checked as it is (cheaper)."""
-    from dlcc.frontend.shapes import skeleton_call
+    checker does not serialize every weight once more, and its shapes are inferred in the same call; a
+    small proto is checked as it is (cheaper)."""
+    from dlcc.frontend.shapes import check_and_infer
 
     def check(proto: onnx.ModelProto) -> None:
         onnx.checker.check_model(_checkable(proto), full_check=False)
@@ -318,7 +321,7 @@ def _run_checker(model: onnx.ModelProto | ir.Model) -> None:
         if isinstance(model, onnx.ModelProto):
             check(model)
         else:
-            skeleton_call(check, model)
+            check_and_infer(model, check)  # one skeleton call for both
     except onnx.checker.ValidationError as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "validation failed")
         raise ModelLoadError(f"the model is not valid ONNX: {first}",

@@ -155,7 +155,28 @@ def _onnx_infer(model: ir.Model, *, strict_mode: bool) -> None:
         return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=strict_mode,
                                                  data_prop=True)
 
-    inferred = skeleton_call(infer, model)
+    merge_inferred(model, skeleton_call(infer, model))
+
+
+def check_and_infer(model: ir.Model, check) -> None:
+    """One skeleton call for a big model at load: ``check(proto)`` (may raise), then inference, strict
+    first and lenient if that fails; shapes are merged when inference succeeds."""
+
+    def run(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+        check(proto)
+        for strict_mode in (True, False):
+            with contextlib.suppress(onnx.shape_inference.InferenceError, RuntimeError, ValueError):
+                return onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=strict_mode,
+                                                         data_prop=True)
+        return None
+
+    inferred = skeleton_call(run, model)
+    if inferred is not None:
+        merge_inferred(model, inferred)
+
+
+def merge_inferred(model: ir.Model, inferred: onnx.ModelProto) -> None:
+    """Copy dtypes and shapes from an inferred proto onto the model's values (never losing information)."""
     found: dict[str, tuple[int, list]] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
         tt = vi.type.tensor_type
