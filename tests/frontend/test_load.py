@@ -201,3 +201,44 @@ def test_save_switches_to_external_above_threshold(tmp_path: Path, small_path: P
     out = tmp_path / "auto.onnx"
     save(dlcc.load(small_path), out)
     assert (tmp_path / "auto.onnx.data").is_file()
+
+
+def test_streamed_save_equals_serialized_model(tmp_path: Path) -> None:
+    """save() writes weights straight from their arrays; the file parses to what serialize_model gives"""
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(0)
+    model = ir.from_onnx_text("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[64,64] x) => (float[64,64] y) {
+        a = Add(x, big)
+        h = Cast <to = 10> (a)
+        h2 = Mul(h, half)
+        b = Cast <to = 1> (h2)
+        c = Mul(b, small)
+        i = Cast <to = 7> (c)
+        j = Add(i, ints)
+        y = Cast <to = 1> (j)
+    }
+    """)
+    tensors = {
+        "big": rng.standard_normal((64, 64)).astype(np.float32),
+        "half": rng.standard_normal((64, 64)).astype(np.float16),
+        "small": np.float32([2.0]),
+        "ints": rng.integers(-5, 5, (64, 64)).astype(np.int64),
+    }
+    for name, arr in tensors.items():
+        v = ir.Value(name=name, const_value=ir.Tensor(arr, name=name))
+        model.graph.register_initializer(v)
+        for node in model.graph:
+            for i, inp in enumerate(node.inputs):
+                if inp is not None and inp.name == name and inp is not v:
+                    node.replace_input_with(i, v)
+    out = tmp_path / "streamed.onnx"
+    save(model, out)
+    got, ref = onnx.load(out), ir.serde.serialize_model(model)
+    for p in (got, ref):
+        del p.graph.value_info[:]
+    assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
+    assert [t.name for t in got.graph.initializer] == ["big", "half", "small", "ints"]
+    onnx.checker.check_model(str(out), full_check=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -398,10 +399,83 @@ def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None
     return path
 
 
+# numpy dtypes whose in-memory bytes are ONNX's raw_data as they are (little-endian, one element each)
+_STREAMABLE = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.INT8,
+                         ir.DataType.UINT8, ir.DataType.INT16, ir.DataType.UINT16, ir.DataType.INT32,
+                         ir.DataType.UINT32, ir.DataType.INT64, ir.DataType.UINT64, ir.DataType.BOOL})
+_STREAM_MIN_BYTES = 4096
+
+
 def _save_inline(model: ir.Model, path: Path) -> None:
-    proto = ir.serde.serialize_model(model)
+    """Write the model as one protobuf file without building it in memory twice.
+
+    Protobuf concatenates: the file is the model without its graph, then the graph field, whose bytes are
+    the graph without its initializers followed by one ``initializer`` entry per tensor in the model's
+    order; a big one is written as a small header (name, dims, dtype) and its ``raw_data`` taken straight
+    from the array. It parses to ``serialize_model(model)`` (less the redundant value_info entries of
+    initializers), minus two in-memory copies of every weight.
+    """
+    graph = model.graph
+    order = list(graph.initializers.values())
+    if sys.byteorder != "little" or not any(_streamable(v) for v in order):
+        with open(path, "wb") as f:
+            f.write(ir.serde.serialize_model(model).SerializeToString())
+        return
+    graph.initializers.clear()  # every initializer is written after the skeleton, in the model's order
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        graph.initializers.clear()
+        for v in order:
+            graph.initializers.add(v)
+    graph_bytes = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+    entries = []
+    for v in order:
+        t = v.const_value
+        if not _streamable(v):
+            small = ir.serde.serialize_tensor(t)
+            small.name = v.name
+            body = small.SerializeToString()
+            entries.append((_tag(5) + _varint(len(body)) + body, np.empty(0, np.uint8)))
+            continue
+        header = onnx.TensorProto(name=v.name, dims=list(t.shape), data_type=int(t.dtype)).SerializeToString()
+        data = np.ascontiguousarray(t.numpy()).reshape(-1).view(np.uint8)
+        raw_len = data.nbytes
+        body_len = len(header) + 1 + _varint_size(raw_len) + raw_len  # + raw_data tag/length/bytes
+        entries.append((_tag(5) + _varint(body_len) + header + _tag(9) + _varint(raw_len), data))
+    graph_len = len(graph_bytes) + sum(len(h) + d.nbytes for h, d in entries)
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
+        f.write(_tag(7) + _varint(graph_len))
+        f.write(graph_bytes)
+        for head, data in entries:
+            f.write(head)
+            f.write(memoryview(data))
+
+
+def _streamable(v: ir.Value) -> bool:
+    t = v.const_value
+    return (t is not None and not isinstance(t, ir.ExternalTensor) and t.dtype in _STREAMABLE
+            and t.nbytes >= _STREAM_MIN_BYTES and v.name is not None)
+
+
+def _tag(field: int) -> bytes:
+    return _varint(field << 3 | 2)  # wire type 2: length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _varint_size(n: int) -> int:
+    return len(_varint(n))
 
 
 def tensor_bytes(model: ir.Model) -> int:
