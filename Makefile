@@ -32,6 +32,7 @@ test-quick: $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/optimizers.py
+	$(BIN)/python bench/fusion.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -48,6 +48,7 @@ class FusionPlan:
     planner: str  # "tvm" | "dnnfusion"
     groups: list[Group]
     graph: ir.Graph
+    reason: str = ""  # why this planner's plan was chosen (plan_fusion fills it)
 
     def group_of(self) -> dict[ir.Node, Group]:
         return {n: g for g in self.groups for n in g.nodes}
