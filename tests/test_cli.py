@@ -165,3 +165,20 @@ def test_subprocess_exit_codes_and_no_traceback(small_path: Path, tmp_path: Path
     r = subprocess.run([*run, "optimize", small_path, tmp_path / "o.onnx"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert [n.op_type for n in dlcc.load(tmp_path / "o.onnx").graph] == ["Gemm", "Relu"]  # MatMul+Add fused
+
+
+@pytest.mark.parametrize("planner", ["auto", "tvm", "dnnfusion"])
+def test_inspect_fusion(cli, tmp_path: Path, planner: str) -> None:
+    from dlcc.testing import KIT_MODELS, randomize
+
+    src = tmp_path / "res.onnx"
+    onnx.save(randomize(KIT_MODELS["residual"](), seed=0), src)
+    code, out, err = cli("inspect", src, "--fusion", planner)
+    assert code == 0, err
+    assert "fusion groups" in out and "kernels" in out
+    code, out, err = cli("inspect", src, "--fusion", planner, "--json")
+    import json
+
+    fusion = json.loads(out)["fusion"]
+    assert fusion["kernels"] < fusion["nodes"] and fusion["bytes_moved_after"] < fusion["bytes_moved_before"]
+    assert planner == "auto" or fusion["planner"] == planner

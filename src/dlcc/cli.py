@@ -161,12 +161,52 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         set_input_shapes(model, _input_shapes(args.input_shape))
         infer_shapes(model)
         summary = summarize(model)
+    plan = None
+    if args.fusion:
+        from dlcc.api import optimize
+        from dlcc.fusion import plan_fusion
+
+        with _progress("planning fusion"):
+            optimize(model, level=args.level, emit=lambda s: None)  # fusion plans the optimized graph
+            plan = plan_fusion(model, args.fusion)
     if args.json:
-        _out.out(json.dumps(summary_dict(summary), indent=2))
+        data = summary_dict(summary)
+        if plan is not None:
+            data["fusion"] = _plan_dict(plan)
+        _out.out(json.dumps(data, indent=2))
     else:
         _print_notes(model)
         render(summary, _out)
+        if plan is not None:
+            _print_plan(plan)
     return 0
+
+
+def _plan_dict(plan) -> dict:
+    from dlcc.fusion.dnnfusion import bytes_moved, bytes_moved_unfused
+
+    return {
+        "planner": plan.planner, "reason": plan.reason, "kernels": plan.num_kernels,
+        "nodes": sum(len(g) for g in plan.groups), "fusion_rate": round(plan.fusion_rate, 3),
+        "bytes_moved_before": bytes_moved_unfused(plan.graph), "bytes_moved_after": bytes_moved(plan),
+        "groups": [{"id": g.id, "kind": g.kind.name, "anchor": g.anchor.op_type, "ops": g.ops} for g in plan.groups],
+    }
+
+
+def _print_plan(plan) -> None:
+    from dlcc.fusion.dnnfusion import bytes_moved, bytes_moved_unfused
+
+    table = Table(title=f"fusion groups ({plan.planner})")
+    for col in ("group", "kind", "anchor", "nodes", "ops"):
+        table.add_column(col, justify="right" if col in ("group", "nodes") else "left")
+    for g in plan.groups:
+        ops = " + ".join(g.ops) if len(g.ops) <= 8 else " + ".join(g.ops[:7]) + f" + ... ({len(g.ops)})"
+        table.add_row(str(g.id), g.kind.name.lower(), g.anchor.op_type, str(len(g)), ops)
+    _out.print(table)
+    nodes = sum(len(g) for g in plan.groups)
+    _out.print(f"{nodes} nodes -> {plan.num_kernels} kernels (fusion rate {plan.fusion_rate:.2f}); bytes moved "
+               f"{bytes_moved_unfused(plan.graph) / 1e6:.1f} MB -> {bytes_moved(plan) / 1e6:.1f} MB; {plan.reason}",
+               markup=False)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -234,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     shape_opt(p)
     legacy_opt(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--fusion", nargs="?", const="auto", choices=("auto", "tvm", "dnnfusion"),
+                   help="also optimize (--level) and print the fusion groups; auto (default) picks the planner "
+                        "that moves fewer bytes")
+    p.add_argument("--level", type=int, default=DEFAULT_LEVEL, choices=range(MAX_LEVEL + 1),
+                   help="optimization level before fusion planning (with --fusion)")
     p.set_defaults(func=cmd_inspect)
     return parser
 
