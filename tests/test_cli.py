@@ -182,3 +182,24 @@ def test_inspect_fusion(cli, tmp_path: Path, planner: str) -> None:
     fusion = json.loads(out)["fusion"]
     assert fusion["kernels"] < fusion["nodes"] and fusion["bytes_moved_after"] < fusion["bytes_moved_before"]
     assert planner == "auto" or fusion["planner"] == planner
+
+
+def test_report_and_emit_groups(cli, tmp_path: Path) -> None:
+    from dlcc.testing import KIT_MODELS, randomize
+
+    src = tmp_path / "res.onnx"
+    onnx.save(randomize(KIT_MODELS["residual_proj"](), seed=0), src)
+    page = tmp_path / "report.html"
+    code, _, err = cli("report", src, "-o", page, "--fusion", "tvm")
+    assert code == 0, err
+    text = page.read_text()
+    assert "<svg" in text and "tvm" in text and "https://" not in text
+    out = tmp_path / "groups.onnx"
+    code, _, err = cli("optimize", src, out, "--emit-groups")
+    assert code == 0, err
+    emitted = onnx.load(out)
+    assert emitted.functions and all(f.domain == "dlcc.fused" for f in emitted.functions)
+    code, _, err = cli("check", src, out)
+    assert code == 0, err
+    code, _, err = cli("report", src, "-o", tmp_path / "missing" / "r.html")
+    _one_line_error(code, err)

@@ -1,8 +1,10 @@
 """The ``dlcc`` command line.
 
     dlcc optimize IN OUT [--level N] [--input-shape NAME=1,3,224,224 ...] [--stats] [--print-after P]
+                 [--emit-groups [--fusion auto|tvm|dnnfusion]]
     dlcc check A B [--input NAME=file.npy ...] [--rtol R] [--atol A] [--seed S]
-    dlcc inspect MODEL [--input-shape ...] [--json]
+    dlcc inspect MODEL [--input-shape ...] [--json] [--fusion [auto|tvm|dnnfusion]]
+    dlcc report MODEL -o report.html [--fusion auto|tvm|dnnfusion]
 
 Errors caused by the user's input are one line on stderr and exit code 2 (``--debug`` shows the
 traceback); a mismatch in ``dlcc check`` exits 1; an existing output file is never clobbered by a failed
@@ -17,6 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -100,12 +103,22 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             dump_dir=args.dump_dir, emit=_out.out, on_pass=update, target=args.target,
             allow_lossy=args.allow_lossy,
         )
+        report = model.meta["dlcc.report"]
+        after = model.graph.num_nodes()
+        if args.emit_groups:
+            from dlcc.fusion import plan_fusion
+            from dlcc.fusion.emit import emit_groups
+
+            update("planning fusion")
+            plan = plan_fusion(model, args.fusion)
+            model = emit_groups(model, plan)  # a new model: each group a call of a dlcc.fused function
+            _err.print(f"dlcc: {after} nodes in {plan.num_kernels} fusion groups, written as dlcc.fused "
+                       f"functions; {plan.reason}", markup=False)
         update("writing")
         save(model, args.output)
-    report = model.meta["dlcc.report"]
     if args.stats:
         _print_stats(report)
-    _err.print(f"dlcc: {args.input}: {before} -> {model.graph.num_nodes()} nodes at level {args.level} "
+    _err.print(f"dlcc: {args.input}: {before} -> {after} nodes at level {args.level} "
                f"in {time.perf_counter() - t0:.2f} s; wrote {args.output}")
     return 0
 
@@ -182,6 +195,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from dlcc.api import optimize
+    from dlcc.fusion import plan_fusion
+    from dlcc.report import write_report
+
+    with _progress(f"reporting {args.model}") as update:
+        model = dlcc.load(args.model, keep_initializer_inputs=args.keep_initializer_inputs)
+        _print_notes(model)
+        optimize(model, level=args.level, input_shapes=_input_shapes(args.input_shape), emit=lambda s: None,
+                 on_pass=update)
+        update("planning fusion")
+        plan = plan_fusion(model, args.fusion)
+        update("drawing")
+        write_report(model, plan, args.output, title=Path(args.model).name)
+    _err.print(f"dlcc: wrote {args.output}: {model.graph.num_nodes()} nodes in {plan.num_kernels} kernels; "
+               f"{plan.reason}", markup=False)
+    return 0
+
+
 def _plan_dict(plan) -> dict:
     from dlcc.fusion.dnnfusion import bytes_moved, bytes_moved_unfused
 
@@ -229,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                        help="fix the shape of an input with symbolic dims (repeatable)")
 
+    def fusion_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--fusion", default="auto", choices=("auto", "tvm", "dnnfusion"),
+                       help="fusion planner (default auto: the one whose plan moves fewer bytes)")
+
     def legacy_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument("--keep-initializer-inputs", action="store_true",
                        help="legacy models (IR < 4): keep initializers listed as graph inputs as inputs "
@@ -253,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-after-all", action="store_true", help="print the IR after every pass")
     p.add_argument("--dump-dir", metavar="DIR", help="write the IR after every pass into DIR")
     p.add_argument("--verify", action="store_true", help="verify the IR after every pass (slower)")
+    p.add_argument("--emit-groups", action="store_true",
+                   help="write each fusion group as an ONNX local function (domain dlcc.fused): Netron shows the "
+                        "partition, onnxruntime still runs the model")
+    fusion_opt(p)
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser("check", parents=[common], help="compare two models in onnxruntime",
@@ -267,6 +307,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default {DEFAULT_RTOL:g})")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("report", parents=[common], help="draw the fusion groups as a static HTML page",
+                       description="Optimize MODEL (--level), plan fusion and write an HTML page (inline SVG, no "
+                                   "network) with the graph and every fusion group outlined.")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.html", help="where to write the page")
+    p.add_argument("--level", type=int, default=DEFAULT_LEVEL, choices=range(MAX_LEVEL + 1),
+                   help=f"optimization level before fusion planning (default {DEFAULT_LEVEL})")
+    shape_opt(p)
+    legacy_opt(p)
+    fusion_opt(p)
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("inspect", parents=[common], help="summarize a model",
                        description="Opset, inputs/outputs, op histogram, parameters and a FLOPs estimate.")
