@@ -31,15 +31,22 @@ Unused nodes and initializers left behind are ``dead-code``'s job (the driver re
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.passes.manager import Pass
-from dlcc.passes.rewrite import Builder, Rule, RulePass, attr, const_array, producer, single_use, static_shape
+from dlcc.passes.rewrite import (
+    Annotation,
+    Builder,
+    Rule,
+    RulePass,
+    attr,
+    const_array,
+    producer,
+    single_use,
+    static_shape,
+)
 
 # An end (or start) at least this large (in magnitude) covers any real dim: exporters write INT64_MAX.
 _HUGE = 2**62
@@ -588,17 +595,6 @@ CHAIN_RULES: list[Rule] = [
 # ---------------------------------------------------------------------------- view annotations
 
 
-@dataclass(frozen=True)
-class Annotation:
-    """A rule-like mark: ``check(node)`` says why not; otherwise ``node.meta[key] = True``."""
-
-    name: str
-    roots: tuple[str, ...]
-    check: Callable[[ir.Node], str | None]
-    key: str
-    doc: str = ""
-
-
 def _gap_view_check(node: ir.Node) -> str | None:
     x, out = node.inputs[0], node.outputs[0]
     if producer(x, ("GlobalAveragePool", "GlobalMaxPool")) is None:
@@ -621,9 +617,16 @@ def _gap_view_check(node: ir.Node) -> str | None:
     return None if i == len(want) else "changes more than unit dims"
 
 
+def _mark_view(node: ir.Node, m: dict) -> bool:
+    if node.meta.get("dlcc.view"):
+        return False
+    node.meta["dlcc.view"] = True
+    return True
+
+
 ANNOTATIONS: list[Annotation] = [
-    Annotation("gap-reshape-view", ("Reshape", "Flatten"), _gap_view_check, "dlcc.view",
-               doc="Reshape/Flatten from a global pool into Gemm/MatMul dropping unit dims is a view"),
+    Annotation("gap-reshape-view", ("Reshape", "Flatten"), lambda node: {}, lambda node, m: _gap_view_check(node),
+               _mark_view, doc="Reshape/Flatten from a global pool into Gemm/MatMul dropping unit dims is a view"),
 ]
 
 
@@ -922,30 +925,9 @@ class InversePairs(RulePass):
         self.rules = [*INVERSE_RULES, *(LOSSY_RULES if allow_lossy else [])]
 
 
-class MarkViews(Pass):
+class MarkViews(RulePass):
     """Runs ``ANNOTATIONS``: marks nodes, never rewrites; changed only when a mark was added."""
 
     name = "mark-views"
     doc = "mark the Reshape/Flatten between a global pool and Gemm/MatMul as a view"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refused: Counter = Counter()
-
-    def run(self, model: ir.Model) -> bool:
-        self.refused = Counter()
-        changed = False
-        for node in model.graph:
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            for a in ANNOTATIONS:
-                if node.op_type not in a.roots or node.meta.get(a.key):
-                    continue
-                why = a.check(node)
-                if why:
-                    self.refused[(a.name, why)] += 1
-                    continue
-                node.meta[a.key] = True
-                self.fired[a.name] += 1
-                changed = True
-        return changed
+    annotations = ANNOTATIONS

@@ -41,11 +41,9 @@ import onnx_ir as ir
 
 from dlcc.passes.rewrite import (
     Builder,
-    NameGen,
     RewriteStats,
     Rule,
     RulePass,
-    _apply,
     apply_rules,
     attr,
     const_array,
@@ -437,7 +435,7 @@ def _channel_shuffle_to_idiom_rule(t: Target) -> Rule:
 
     return Rule("channel-shuffle-to-idiom", ("ChannelShuffle",), pattern, check, rewrite,
                 doc="dlcc::ChannelShuffle -> Reshape/Transpose/Reshape (standard ONNX)", family="replace",
-                exact=True)
+                exact=True, domain=DLCC_DOMAIN)
 
 
 # ------------------------------------------------------------------------------------------- grouped Conv
@@ -567,15 +565,13 @@ class OpReplacement(RulePass):
         super().__init__()
         self.target = get_target(target)
         self.upgrade_opset_to = upgrade_opset_to
-        self.rules = replacement_rules(self.target)
-        self.custom_rules = [_channel_shuffle_to_idiom_rule(self.target)]
+        self.rules = [*replacement_rules(self.target), _channel_shuffle_to_idiom_rule(self.target)]
 
     def run(self, model: ir.Model) -> bool:
         stats = RewriteStats()
         changed = False
         if self.upgrade_opset_to is not None and _opset(model) < self.upgrade_opset_to:
             changed |= self._raise_opset(model, self.upgrade_opset_to, stats)
-        changed |= self._run_custom(model, stats)
         changed |= apply_rules(model, self.rules, stats=stats)
         changed |= _sync_dlcc_import(model)
         self.fired.update(stats.fired)
@@ -594,36 +590,6 @@ class OpReplacement(RulePass):
         model.ir_version = max(model.ir_version, needed)
         stats.fired["raise-opset"] += 1
         return True
-
-    def _run_custom(self, model: ir.Model, stats: RewriteStats) -> bool:
-        """The driver's loop for dlcc-domain nodes, which the driver itself does not visit (one sweep
-        suffices: the rewrites create no dlcc nodes)."""
-        graph = model.graph
-        names: NameGen | None = None
-        changed = False
-        for node in list(graph):
-            if node.graph is not graph or node.domain != DLCC_DOMAIN:
-                continue
-            for rule in self.custom_rules:
-                if node.op_type not in rule.roots:
-                    continue
-                m = rule.pattern(node)
-                if m is None:
-                    continue
-                why = rule.check(node, m)
-                if why:
-                    stats.refused[(rule.name, why)] += 1
-                    continue
-                names = names or NameGen(graph)
-                b = Builder(graph, names, _opset(model))
-                new = rule.rewrite(node, m, b)
-                if new is None:
-                    continue
-                _apply(graph, node, list(new), b)
-                stats.fired[rule.name] += 1
-                changed = True
-                break
-        return changed
 
 
 def _sync_dlcc_import(model: ir.Model) -> bool:

@@ -53,6 +53,7 @@ class Rule:
     family: str = "other"
     exact: bool = True  # False: reassociates or otherwise changes floating-point results
     min_opset: int = 1
+    domain: str = ""  # the root's domain ("" is the default ONNX domain, also spelled "ai.onnx")
 
 
 class Builder:
@@ -156,19 +157,20 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
     stats = stats or RewriteStats()
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     active = [r for r in rules if opset >= r.min_opset]
-    by_op: dict[str, list[Rule]] = {}
+    by_op: dict[tuple[str, str], list[Rule]] = {}
     for r in active:
         for op in r.roots:
-            by_op.setdefault(op, []).append(r)
+            by_op.setdefault((r.domain, op), []).append(r)
     changed = False
     for graph in graphs or [model.graph]:
         names = NameGen(graph)
         for sweep in range(max_sweeps + 1):
             fired_now: Counter = Counter()
             for node in list(graph):
-                if node.graph is not graph or node.domain not in ("", "ai.onnx"):
+                if node.graph is not graph:
                     continue
-                for rule in by_op.get(node.op_type, ()):
+                domain = "" if node.domain == "ai.onnx" else node.domain
+                for rule in by_op.get((domain, node.op_type), ()):
                     m = rule.pattern(node)
                     if m is None:
                         continue
