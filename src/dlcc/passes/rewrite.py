@@ -31,6 +31,7 @@ Invariant: a rewrite never changes the model's input/output names or types.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -152,8 +153,14 @@ class RewriteStats:
 
 
 def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
-                stats: RewriteStats | None = None, graphs: Sequence[ir.Graph] | None = None) -> bool:
-    """Run ``rules`` to a fixpoint over the main graph (and ``graphs`` if given); returns changed."""
+                stats: RewriteStats | None = None, graphs: Sequence[ir.Graph] | None = None,
+                choose_best: bool = False) -> bool:
+    """Run ``rules`` to a fixpoint over the main graph (and ``graphs`` if given); returns changed.
+
+    With ``choose_best``, every rule that applies at a node builds its rewrite, and the one whose
+    estimated work saved (``rewrite_savings``: FLOPs + bytes of the nodes it removes minus those it adds)
+    is largest is applied; ties go to the rule name, so the result does not depend on the rules' order.
+    Otherwise the first rule that applies wins (cheap; for rule sets whose rules never overlap)."""
     stats = stats or RewriteStats()
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     active = [r for r in rules if opset >= r.min_opset]
@@ -170,6 +177,7 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                 if node.graph is not graph:
                     continue
                 domain = "" if node.domain == "ai.onnx" else node.domain
+                candidates = []
                 for rule in by_op.get((domain, node.op_type), ()):
                     m = rule.pattern(node)
                     if m is None:
@@ -182,9 +190,17 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                     new = rule.rewrite(node, m, b)
                     if new is None:
                         continue
-                    _apply(graph, node, list(new), b)
-                    fired_now[rule.name] += 1
-                    break
+                    candidates.append((rule, b, list(new)))
+                    if not choose_best:
+                        break
+                if not candidates:
+                    continue
+                if choose_best and len(candidates) > 1:
+                    rule, b, new = max(candidates, key=lambda c: (rewrite_savings(node, c[1], c[2]), c[0].name))
+                else:
+                    rule, b, new = candidates[0]
+                _apply(graph, node, new, b)
+                fired_now[rule.name] += 1
             if not fired_now:
                 break
             changed = True
@@ -193,6 +209,36 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                 raise PassError(f"rewrite rules did not reach a fixpoint in {max_sweeps} sweeps; still "
                                 f"firing: {', '.join(sorted(fired_now))} (a dlcc bug: the rule set cycles)")
     return changed
+
+
+def node_cost(node: ir.Node, fallback: ir.Value | None = None) -> float:
+    """Work of one node: FLOPs + bytes moved (ops.cost), or the elements of ``fallback`` when its shapes
+    are not known (new nodes built by a rewrite often carry no shapes yet)."""
+    from dlcc.ops.cost import node_bytes, node_flops
+
+    flops, nbytes = node_flops(node), node_bytes(node)
+    if flops is not None and nbytes is not None:
+        return float(flops + nbytes)
+    shape = static_shape(fallback) if fallback is not None else None
+    return float(2 * math.prod(shape)) if shape is not None else 1.0
+
+
+def rewrite_savings(root: ir.Node, b: Builder, new_values: Sequence[ir.Value | None]) -> float:
+    """Estimated work a rewrite saves: the root and the producers that only it uses, minus what it adds."""
+    removed = {root}
+    stack = [v.producer() for v in root.inputs if v is not None and v.producer() is not None]
+    while stack:
+        p = stack.pop()
+        if p in removed or p.graph is not root.graph:
+            continue
+        if all(not o.is_graph_output() and all(u.node in removed for u in o.uses()) for o in p.outputs):
+            kept_alive = any(v is o for v in new_values for o in p.outputs) or any(
+                inp is o for n in b.nodes for inp in n.inputs for o in p.outputs)
+            if not kept_alive:
+                removed.add(p)
+                stack.extend(v.producer() for v in p.inputs if v is not None and v.producer() is not None)
+    out = root.outputs[0] if root.outputs else None
+    return sum(node_cost(n, out) for n in removed) - sum(node_cost(n, out) for n in b.nodes)
 
 
 def _apply(graph: ir.Graph, root: ir.Node, new_values: list[ir.Value | None], b: Builder) -> None:
@@ -312,6 +358,7 @@ class RulePass(Pass):
 
     rules: Sequence[Rule] = ()
     annotations: Sequence[Annotation] = ()
+    choose_best = False  # see apply_rules
 
     def __init__(self) -> None:
         super().__init__()
@@ -319,7 +366,7 @@ class RulePass(Pass):
 
     def run(self, model: ir.Model) -> bool:
         stats = RewriteStats()
-        changed = apply_rules(model, self.rules, stats=stats)
+        changed = apply_rules(model, self.rules, stats=stats, choose_best=self.choose_best)
         if self.annotations:
             changed |= apply_annotations(model, self.annotations, stats)
         self.fired.update(stats.fired)
