@@ -33,6 +33,7 @@ test-quick: $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/optimizers.py
 	$(BIN)/python bench/fusion.py
+	$(BIN)/python bench/algebra.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

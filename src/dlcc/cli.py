@@ -214,6 +214,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rules(args: argparse.Namespace) -> int:
+    from dlcc.passes.catalogue import all_rules, markdown
+
+    rows = all_rules()
+    if args.family:
+        rows = [r for r in rows if r.family == args.family]
+    if args.markdown:
+        _out.out(markdown(rows), end="")
+        return 0
+    table = Table(title=f"{len(rows)} rules")
+    for col in ("pass", "rule", "family", "exact", "opset", "what it does"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.pass_name, r.name + (" (annotation)" if r.kind == "annotation" else ""), r.family,
+                      "yes" if r.exact else "no", str(r.min_opset), r.doc)
+    _out.print(table, markup=False)
+    return 0
+
+
 def _plan_dict(plan) -> dict:
     from dlcc.fusion.dnnfusion import bytes_moved, bytes_moved_unfused
 
@@ -319,6 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     legacy_opt(p)
     fusion_opt(p)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("rules", parents=[common], help="list every rewrite rule",
+                       description="List every rewrite rule and annotation: pass, family, whether it is exact in "
+                                   "floating point, minimum opset, what it does.")
+    p.add_argument("--family", help="only this family (e.g. associative, distributive, commutative)")
+    p.add_argument("--markdown", action="store_true", help="print docs/RULES.md")
+    p.set_defaults(func=cmd_rules)
 
     p = sub.add_parser("inspect", parents=[common], help="summarize a model",
                        description="Opset, inputs/outputs, op histogram, parameters and a FLOPs estimate.")

@@ -140,14 +140,16 @@ def skeleton_call(func, model: ir.Model):
                 model.graph.initializers.add(v)
 
 
-def refresh_shapes(model: ir.Model) -> ir.Model:
+def refresh_shapes(model: ir.Model) -> bool:
     """After rewrites: fill what our completion can; run onnx inference only when some value is still
-    unknown or symbolic (rewrites keep the shapes of the values they keep, and give new values theirs)."""
-    complete_shapes(model.graph)
+    unknown or symbolic (rewrites keep the shapes of the values they keep, and give new values theirs).
+    Returns whether anything may have changed (a value filled, or inference run)."""
+    filled = complete_shapes(model.graph)
     if not all(o.shape is not None and o.dtype is not None and all(isinstance(d, int) for d in o.shape)
                for node in model.graph for o in node.outputs):
         infer_shapes(model, strict=False)
-    return model
+        return True
+    return filled > 0
 
 
 def _onnx_infer(model: ir.Model, *, strict_mode: bool) -> None:

@@ -98,7 +98,8 @@ class ManagerOptions:
     max_rounds: int = 8
     emit: Callable[[str], None] = print
     on_pass: Callable[[str], None] | None = None  # progress hook: called before each pass runs
-    after_round: Callable[[ir.Model], None] | None = None  # e.g. re-infer shapes for the next round
+    # after a round that changed the model, e.g. refresh shapes; returns whether it changed anything
+    after_round: Callable[[ir.Model], bool] | None = None
 
 
 class PassManager:
@@ -123,11 +124,16 @@ class PassManager:
         if opts.verify:
             verify_model(model, where="the input model")
         start = time.perf_counter()
+        # a pass whose last run saw the graph as it is now would find nothing (passes are idempotent):
+        # skip it. The fingerprint covers structure, not node metadata (annotations enable no rewrite).
+        seen_at: dict[int, tuple] = {}
         while self.passes:
             report.rounds += 1
             changed_now = []
             for p in self.passes:
                 rec = report.records.setdefault(p.name, PassRecord(p.name))
+                if seen_at.get(id(p)) == _fingerprint(model):
+                    continue
                 if opts.on_pass:
                     opts.on_pass(p.name)
                 before = _count(model)
@@ -149,10 +155,11 @@ class PassManager:
                               + format_model(model))
                 if dump:
                     dump.write(f"r{report.rounds}-{p.name}", model)
+                seen_at[id(p)] = _fingerprint(model)
             if not changed_now:
                 break
-            if opts.after_round:
-                opts.after_round(model)
+            if opts.after_round and opts.after_round(model):
+                seen_at.clear()  # new shape facts: every pass may find something again
             if report.rounds >= opts.max_rounds:
                 raise PassError(
                     f"the level-{self.level} pipeline did not reach a fixpoint in {opts.max_rounds} rounds: "
@@ -161,6 +168,17 @@ class PassManager:
         report.seconds = time.perf_counter() - start
         report.nodes_after = _count(model)
         return report
+
+
+def _fingerprint(model: ir.Model) -> tuple:
+    """Identity of the graph's structure: nodes, their inputs and outputs, initializers and opsets."""
+    g = model.graph
+    return (
+        tuple((id(n), n.name, tuple(map(id, n.inputs)), tuple(o.name for o in n.outputs)) for n in g),
+        tuple(map(id, g.initializers.values())),
+        tuple(map(id, g.outputs)),
+        tuple(sorted(model.opset_imports.items())),
+    )
 
 
 def _count(model: ir.Model) -> int:

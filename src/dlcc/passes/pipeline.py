@@ -7,9 +7,11 @@ reassociate floating point (linear fusion) start at level 2. Each entry says why
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dlcc.passes.algebra import AlgebraicSimplification
 from dlcc.passes.cse import CommonSubexpressionElimination
 from dlcc.passes.eliminate import DeadCodeElimination
 from dlcc.passes.fold import ConstantFolding, ConstantParams
@@ -28,6 +30,7 @@ DEFAULT_LEVEL = 3  # the highest level whose output is portable ONNX for the `on
 class PipelineOptions:
     target: str = "onnx"  # see dlcc.passes.targets.TARGETS
     allow_lossy: bool = False  # QuantizeLinear->DequantizeLinear removal changes values
+    level: int = DEFAULT_LEVEL  # set by passes_for
 
 
 PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
@@ -39,6 +42,8 @@ PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
     (1, lambda o: InversePairs(allow_lossy=o.allow_lossy)),
     # after elimination, identical subexpressions are easier to see
     (1, lambda o: CommonSubexpressionElimination()),
+    # algebra: the rule that saves most wins; rules that reassociate floating point only from level 2
+    (1, lambda o: AlgebraicSimplification(exact_only=o.level < 2)),
     # level 2: exact algebra on constant weights (reassociates floating point), then idioms
     (2, lambda o: LinearFusion()),
     (2, lambda o: PatternFusion()),
@@ -55,7 +60,7 @@ PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
 
 
 def passes_for(level: int, options: PipelineOptions | None = None) -> list[Pass]:
-    options = options or PipelineOptions()
+    options = dataclasses.replace(options or PipelineOptions(), level=level)
     return [factory(options) for min_level, factory in PIPELINE if level >= min_level]
 
 

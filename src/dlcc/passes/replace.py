@@ -549,10 +549,10 @@ def _opset_blocker(model: ir.Model, to_opset: int) -> str | None:
 
 
 def replacement_rules(target: Target | str) -> list[Rule]:
-    """The replacement rules for ``target`` (driver rules; channel-shuffle-to-idiom is run separately)."""
+    """The replacement rules for ``target``, channel-shuffle-to-idiom (a dlcc-domain root) included."""
     t = get_target(target)
     return [_bn_rule(t), _prelu_rule(t), _gemm_to_conv_rule(t), _matmul_to_conv_rule(t), _conv_to_gemm_rule(t),
-            _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t)]
+            _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t), _channel_shuffle_to_idiom_rule(t)]
 
 
 class OpReplacement(RulePass):
@@ -565,7 +565,7 @@ class OpReplacement(RulePass):
         super().__init__()
         self.target = get_target(target)
         self.upgrade_opset_to = upgrade_opset_to
-        self.rules = [*replacement_rules(self.target), _channel_shuffle_to_idiom_rule(self.target)]
+        self.rules = replacement_rules(self.target)
 
     def run(self, model: ir.Model) -> bool:
         stats = RewriteStats()
