@@ -14,13 +14,12 @@ import pytest
 from onnx import helper, numpy_helper
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.eliminate import DeadCodeElimination
 from dlcc.passes.fuse_linear import ANNOTATIONS, RULES, LinearFusion
 from dlcc.passes.manager import ManagerOptions, PassManager
 from dlcc.passes.patterns import EPILOGUE, PatternFusion
-from dlcc.passes.verify import verify_model
+from dlcc.testing.rewrites import run_checked
 
 RTOL = 1e-4  # folding reassociates float arithmetic (DESIGN.md: 1e-4 for BN folding and the like)
 
@@ -41,19 +40,8 @@ def build(text: str, inits: dict[str, np.ndarray] | None = None, opset: int = 13
 
 def fuse(model: ir.Model, rtol: float = RTOL, seed: int = 0) -> tuple[LinearFusion, bool]:
     """Run the pass; verify the IR, the ONNX and the outputs against the model before."""
-    before = ir.serde.serialize_model(model)
-    feeds = random_inputs(before, seed)
-    ref = run_ort(before, feeds)
     p = LinearFusion()
-    changed = p(model)
-    verify_model(model)
-    after = ir.serde.serialize_model(model)
-    onnx.checker.check_model(after, full_check=True)
-    got = run_ort(after, feeds)
-    for k in ref:
-        d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-        assert d.ok, d
-    return p, changed
+    return p, run_checked(model, p, rtol=rtol, seed=seed)
 
 
 def ops(model: ir.Model) -> list[str]:

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.hoist import RULES, Hoisting
 from dlcc.passes.verify import verify_model
+from dlcc.testing.rewrites import assert_equivalent
 
 
 def make(text: str, inits: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
@@ -52,13 +52,7 @@ def order(model: ir.Model) -> list[str]:
 
 
 def assert_same(proto: onnx.ModelProto, model: ir.Model, seed: int = 0) -> None:
-    after = ir.serde.serialize_model(model)
-    onnx.checker.check_model(after, full_check=True)
-    feeds = random_inputs(proto, seed=seed)
-    ref, got = run_ort(proto, feeds), run_ort(after, feeds)
-    for name in ref:
-        d = diff(name, ref[name], got[name], rtol=1e-5, atol=1e-6)  # every hoisting rule is exact
-        assert d.ok, d
+    assert_equivalent(proto, model, rtol=1e-5, seed=seed)  # every hoisting rule is exact
 
 
 def positive(proto: onnx.ModelProto, rule: str) -> ir.Model:

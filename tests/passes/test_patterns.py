@@ -13,10 +13,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.patterns import ANNOTATIONS, EPILOGUE, PATTERN, RULES, PatternFusion
-from dlcc.passes.verify import verify_model
+from dlcc.testing.rewrites import run_checked
 
 RTOL = 1e-4  # one fused kernel against a chain of primitives: the rounding differs
 
@@ -33,19 +32,8 @@ def build(text: str, inits: dict[str, np.ndarray] | None = None, opset: int = 17
 
 def run_pass(model: ir.Model, rtol: float = RTOL) -> tuple[PatternFusion, bool]:
     """Run the pass; verify the IR, the ONNX and the outputs against the model before."""
-    before = ir.serde.serialize_model(model)
-    feeds = random_inputs(before, seed=0)
-    ref = run_ort(before, feeds)
     p = PatternFusion()
-    changed = p(model)
-    verify_model(model)
-    after = ir.serde.serialize_model(model)
-    onnx.checker.check_model(after, full_check=True)
-    got = run_ort(after, feeds)
-    for k in ref:
-        d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-        assert d.ok, d
-    return p, changed
+    return p, run_checked(model, p, rtol=rtol)
 
 
 def ops(model: ir.Model) -> list[str]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from onnx import numpy_helper
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
+from dlcc.check import diff, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.cse import CommonSubexpressionElimination
 from dlcc.passes.eliminate import DeadCodeElimination
@@ -32,6 +32,7 @@ from dlcc.passes.redundant import (
     holds_exactly,
 )
 from dlcc.passes.verify import verify_model
+from dlcc.testing.rewrites import run_checked as _run_checked
 
 H9 = '<ir_version: 8, opset_import: ["" : 9]>'
 H10 = '<ir_version: 8, opset_import: ["" : 10]>'
@@ -49,24 +50,7 @@ def build(text: str, inits: dict[str, np.ndarray] | None = None) -> ir.Model:
 
 def run_checked(model: ir.Model, p: Pass, *, ort: bool = True, rtol: float = 1e-5,
                 compare: Callable | None = None) -> bool:
-    """Run ``p``; verify the IR and the ONNX checker; compare onnxruntime before/after on random inputs."""
-    before = ir.serde.serialize_model(model)
-    feeds = random_inputs(before, seed=0) if ort else {}
-    ref = run_ort(before, feeds) if ort else {}
-    changed = p(model)
-    verify_model(model)
-    after = ir.serde.serialize_model(model)
-    onnx.checker.check_model(after, full_check=True)
-    if ort:
-        got = run_ort(after, feeds)
-        assert list(got) == list(ref)
-        for k in ref:
-            if compare is not None:
-                compare(k, ref[k], got[k])
-            else:
-                d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-                assert d.ok, d
-    return changed
+    return _run_checked(model, p, ort=ort, rtol=rtol, compare=compare)
 
 
 def ops(model: ir.Model) -> list[str]:

@@ -12,13 +12,14 @@ import onnx_ir as ir
 import pytest
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
+from dlcc.check import diff, run_ort
 from dlcc.errors import DlccError
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.replace import DLCC_DOMAIN, OpReplacement, replacement_rules, upgrade_pad
 from dlcc.passes.targets import CHANNEL_SHUFFLE, GROUPED_CONV, TARGETS, Target, get_target
 from dlcc.passes.verify import verify_model
 from dlcc.testing.light import light_input, light_model, light_model_path
+from dlcc.testing.rewrites import assert_equivalent
 
 RNG_SEED = 0
 
@@ -62,13 +63,7 @@ def ops(model: ir.Model) -> Counter:
 
 
 def assert_same(proto: onnx.ModelProto, model: ir.Model, rtol: float, seed: int = 0) -> None:
-    after = ir.serde.serialize_model(model)
-    onnx.checker.check_model(after, full_check=True)
-    feeds = random_inputs(proto, seed=seed)
-    ref, got = run_ort(proto, feeds), run_ort(after, feeds)
-    for name in ref:
-        d = diff(name, ref[name], got[name], rtol=rtol, atol=1e-6)
-        assert d.ok, d
+    assert_equivalent(proto, model, rtol=rtol, seed=seed)
 
 
 def assert_refused(model: ir.Model, rule: str, reason: str, target="dlcc-c", **kw) -> None:
