@@ -93,3 +93,20 @@ def test_as_tensor_keeps_rank_zero_and_layout() -> None:
     t = as_tensor(np.arange(6, dtype=np.float32).reshape(2, 3).T, "t")
     assert t.shape == ir.Shape([3, 2]) and t.name == "t"
     np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T)
+
+
+def test_losing_candidates_leave_no_uses_behind() -> None:
+    """choose_best builds every candidate; the ones not chosen must not keep their inputs alive"""
+    model = infer_shapes(ir.from_onnx_text("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3] x) => (float[2,3] y) { a = Relu(x) y = Neg(a) }
+    """))
+    keep = Rule("a-keep", ("Neg",), lambda n: {}, rewrite=lambda node, m, b: [b.op("Abs", [node.inputs[0]])])
+    skip = Rule("b-skip", ("Neg",), lambda n: {},
+                rewrite=lambda node, m, b: [b.op("Sin", [node.inputs[0].producer().inputs[0]])])
+    stats = RewriteStats()
+    apply_rules(model, [keep, skip], stats=stats, choose_best=True, max_sweeps=1)
+    # b-skip saves the Relu too, so it wins; the losing Abs(a) must not keep the Relu alive
+    assert stats.fired["b-skip"] == 1
+    assert [n.op_type for n in model.graph] == ["Sin"]
+    verify_model(model)

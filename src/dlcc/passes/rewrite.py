@@ -66,6 +66,7 @@ class Builder:
         self.opset = opset
         self.nodes: list[ir.Node] = []
         self.constants: list[ir.Value] = []
+        self.detached: list[list[ir.Value | None]] | None = None  # inputs of nodes while not chosen
 
     def op(self, op_type: str, inputs: Sequence[ir.Value | None], attributes: dict | None = None, *,
            domain: str = "", num_outputs: int = 1, hint: str = "", dtype: ir.DataType | None = None,
@@ -189,16 +190,23 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                     b = Builder(graph, names, opset)
                     new = rule.rewrite(node, m, b)
                     if new is None:
+                        _detach(b)  # a declined rewrite's nodes must not count as uses
                         continue
                     candidates.append((rule, b, list(new)))
                     if not choose_best:
                         break
+                    # built nodes register uses on their inputs: detach them so that the next rule's
+                    # pattern sees the graph as it is (single_use, savings); the winner is re-attached
+                    b.detached = _detach(b)
                 if not candidates:
                     continue
                 if choose_best and len(candidates) > 1:
-                    rule, b, new = max(candidates, key=lambda c: (rewrite_savings(node, c[1], c[2]), c[0].name))
+                    rule, b, new = max(candidates, key=lambda c: (_savings_detached(node, c[1], c[2]),
+                                                                  c[0].name))
                 else:
                     rule, b, new = candidates[0]
+                if b.detached is not None:
+                    _attach(b, b.detached)
                 _apply(graph, node, new, b)
                 fired_now[rule.name] += 1
             if not fired_now:
@@ -209,6 +217,33 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                 raise PassError(f"rewrite rules did not reach a fixpoint in {max_sweeps} sweeps; still "
                                 f"firing: {', '.join(sorted(fired_now))} (a dlcc bug: the rule set cycles)")
     return changed
+
+
+def _detach(b: Builder) -> list[list[ir.Value | None]]:
+    saved = []
+    for n in b.nodes:
+        saved.append(list(n.inputs))
+        for i in range(len(n.inputs)):
+            n.replace_input_with(i, None)
+    return saved
+
+
+def _attach(b: Builder, saved: list[list[ir.Value | None]]) -> None:
+    for n, inputs in zip(b.nodes, saved, strict=True):
+        for i, v in enumerate(inputs):
+            n.replace_input_with(i, v)
+
+
+def _savings_detached(root: ir.Node, b: Builder, new_values: Sequence[ir.Value | None]) -> float:
+    """rewrite_savings for a detached candidate: attached while it is measured, detached again after."""
+    saved = b.detached
+    if saved is None:
+        return rewrite_savings(root, b, new_values)
+    _attach(b, saved)
+    try:
+        return rewrite_savings(root, b, new_values)
+    finally:
+        _detach(b)
 
 
 def node_cost(node: ir.Node, fallback: ir.Value | None = None) -> float:
