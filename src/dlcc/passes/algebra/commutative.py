@@ -247,16 +247,25 @@ def _after_pattern(node: ir.Node) -> dict | None:
     return None if i is None else {"e": e, "i": i, "x": e.inputs[i]}
 
 
-_EPILOGUE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# BatchNormalization: linear fusion folds it into the Conv before it, so its activation becomes the Conv's too
+_EPILOGUE_PRODUCERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization"})
 
 
 def _is_epilogue(e: ir.Node) -> bool:
     """An activation right after a Conv/Gemm/MatMul that only it reads: runtimes (and dlcc's backend) fuse
     it into that op's epilogue, so moving it elsewhere saves nothing and loses the fusion."""
-    x = e.inputs[0] if e.inputs else None
-    p = x.producer() if x is not None else None
-    return p is not None and p.op_type in _EPILOGUE_PRODUCERS and p.domain in ("", "ai.onnx") \
-        and _used_only_by(x, e)
+    x, consumer = (e.inputs[0] if e.inputs else None), e
+    while x is not None and _used_only_by(x, consumer):
+        p = x.producer()
+        if p is None or p.domain not in ("", "ai.onnx"):
+            return False
+        if p.op_type in _EPILOGUE_PRODUCERS:
+            return True
+        # a per-channel affine step (x*s, x+b...) folds into the op above it: look through it
+        if p.op_type not in ("Add", "Sub", "Mul", "Div") or len(p.inputs) != 2 or const_array(p.inputs[1]) is None:
+            return False
+        x, consumer = p.inputs[0], p
+    return False
 
 
 def _after_check(monotone: frozenset[str] | None) -> Callable[[ir.Node, dict], str | None]:
