@@ -126,13 +126,16 @@ class PassManager:
         start = time.perf_counter()
         # a pass whose last run saw the graph as it is now would find nothing (passes are idempotent):
         # skip it. The fingerprint covers structure, not node metadata (annotations enable no rewrite).
+        # The fingerprint is recomputed only after a pass that reports a change (a pass that reports none
+        # has, by contract, changed nothing).
         seen_at: dict[int, tuple] = {}
+        current = _fingerprint(model)
         while self.passes:
             report.rounds += 1
             changed_now = []
             for p in self.passes:
                 rec = report.records.setdefault(p.name, PassRecord(p.name))
-                if seen_at.get(id(p)) == _fingerprint(model):
+                if seen_at.get(id(p)) == current:
                     continue
                 if opts.on_pass:
                     opts.on_pass(p.name)
@@ -148,6 +151,7 @@ class PassManager:
                 if changed:
                     rec.changed += 1
                     changed_now.append(p.name)
+                    current = _fingerprint(model)
                 if opts.verify:
                     verify_model(model, where=f"after pass '{p.name}'")
                 if opts.print_after_all or p.name in opts.print_after:
@@ -155,7 +159,7 @@ class PassManager:
                               + format_model(model))
                 if dump:
                     dump.write(f"r{report.rounds}-{p.name}", model)
-                seen_at[id(p)] = _fingerprint(model)
+                seen_at[id(p)] = current
             if not changed_now:
                 break
             if opts.after_round and opts.after_round(model):
