@@ -480,8 +480,10 @@ def _varint_size(n: int) -> int:
 
 def tensor_bytes(model: ir.Model) -> int:
     """Bytes held by all initializers of the model (main graph and subgraphs)."""
+    from dlcc.passes.rewrite import all_graphs
+
     total = 0
-    for g in (model.graph, *model.graph.subgraphs()):
+    for g in all_graphs(model.graph):
         for v in g.initializers.values():
             if v.const_value is not None:
                 total += v.const_value.nbytes

@@ -33,6 +33,7 @@ from collections.abc import Hashable
 import onnx_ir as ir
 
 from dlcc.passes.manager import Pass
+from dlcc.passes.rewrite import all_graphs
 
 # Domains whose ops are pure functions of their inputs and attributes (except the ops below).
 _PURE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "dlcc", "dlcc.fused"})
@@ -108,7 +109,7 @@ class CommonSubexpressionElimination(Pass):
 
     def run(self, model: ir.Model) -> bool:
         changed = False
-        for graph in (model.graph, *model.graph.subgraphs()):
+        for graph in all_graphs(model.graph):
             changed |= self._initializers(graph)
             changed |= self._nodes(graph)
         return changed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from dlcc.passes.manager import Pass
+from dlcc.passes.rewrite import all_graphs
 
 
 class DeadCodeElimination(Pass):
@@ -19,7 +20,7 @@ class DeadCodeElimination(Pass):
 
     def run(self, model: ir.Model) -> bool:
         changed = False
-        for graph in (model.graph, *model.graph.subgraphs()):
+        for graph in all_graphs(model.graph):
             changed |= self._graph(graph)
         return changed
 

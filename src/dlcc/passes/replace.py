@@ -44,6 +44,7 @@ from dlcc.passes.rewrite import (
     RewriteStats,
     Rule,
     RulePass,
+    all_graphs,
     apply_rules,
     attr,
     const_array,
@@ -531,7 +532,7 @@ def _opset(model: ir.Model) -> int:
 def _opset_blocker(model: ir.Model, to_opset: int) -> str | None:
     """Why the opset cannot be raised by converting Pad alone: the first other op whose schema changes."""
     old = _opset(model)
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in all_graphs(model.graph):
         for node in graph:
             if node.domain not in ("", "ai.onnx") or node.op_type == "Pad":
                 continue
@@ -594,7 +595,7 @@ class OpReplacement(RulePass):
 
 def _sync_dlcc_import(model: ir.Model) -> bool:
     """Import the dlcc domain iff a node uses it; returns whether the imports changed."""
-    used = any(n.domain == DLCC_DOMAIN for g in (model.graph, *model.graph.subgraphs()) for n in g)
+    used = any(n.domain == DLCC_DOMAIN for g in all_graphs(model.graph) for n in g)
     if used and DLCC_DOMAIN not in model.opset_imports:
         model.opset_imports[DLCC_DOMAIN] = DLCC_DOMAIN_VERSION
         return True

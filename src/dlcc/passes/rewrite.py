@@ -412,6 +412,22 @@ class RulePass(Pass):
 # ---------------------------------------------------------------------------- helpers for rule writers
 
 
+def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
+    """``graph`` and every subgraph under it (If/Loop/Scan bodies), outermost first. Cheaper than
+    ``Graph.subgraphs()`` on the common graph that has none."""
+    out = [graph]
+    for g in out:
+        for node in g:
+            if not node.attributes:
+                continue
+            for a in node.attributes.values():
+                if a.type == ir.AttributeType.GRAPH:
+                    out.append(a.value)
+                elif a.type == ir.AttributeType.GRAPHS:
+                    out.extend(a.value)
+    return out
+
+
 def const_array(v: ir.Value | None) -> np.ndarray | None:
     """The value's constant data (initializer or Constant node output), or None."""
     if v is None or v.is_graph_input():  # an initializer that is also an input can be overridden

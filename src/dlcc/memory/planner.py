@@ -1,0 +1,264 @@
+"""Static memory planner: give every intermediate buffer an offset in one arena.
+
+What goes in: buffers ``Buffer(id, size, first, last)``, where ``[first, last]`` (inclusive) is the
+buffer's lifetime in kernel-schedule steps (``liveness`` computes it from a schedule), and an
+``alignment`` in bytes. What comes out: a ``MemoryPlan`` with one aligned offset per buffer, the arena
+size, the lower bound (peak of live bytes) and the no-reuse size beside it. Invariant, checked by
+``verify_memory_plan``: two buffers whose lifetimes overlap never share a byte, every offset is a
+multiple of the alignment, and every buffer ends inside the arena.
+
+Algorithm (greedy by size, best fit; Pisarchyk & Lee 2020, "Greedy by Size for Offset Calculation"):
+every size is first rounded up to the alignment, so all offsets and ends stay aligned. Buffers are
+visited from the largest to the smallest (ties: earlier ``first``, then smaller ``id``, so the result
+does not depend on the input order). For the current buffer, take the already-placed buffers whose
+lifetimes overlap it and walk their ``[offset, offset + size)`` intervals by increasing offset; each
+space between the running highest end and the next interval is a gap. The buffer goes into the
+smallest gap it fits in (best fit); if none fits it goes right after the highest end seen. Buffers
+whose lifetimes do not overlap it are ignored, which is where memory is reused.
+
+Greedy by breadth (the second strategy) uses the same best-fit placement but a different order: steps
+are visited by decreasing breadth (the sum of sizes live at the step, ties: earlier step first), and at
+each step its not-yet-placed buffers are placed from the largest to the smallest. The default strategy
+``"auto"`` runs both and keeps the smaller arena (greedy by size on a tie).
+
+An arena over time: A (steps 0-1) and C (steps 3-4) never live at the same step, so C reuses A's
+bytes; B (64 bytes, steps 1-4, placed first as the largest) overlaps both and sits below them.
+Arena: 96 bytes, lower bound: 96, no reuse: 128 (this is what ``plan_memory`` returns for them)::
+
+     offset │ step 0   1   2   3   4
+    ────────┼─────────────────────────
+     64..96 │      A   A   .   C   C
+      0..64 │          B   B   B   B
+
+Lower bound: at every step the buffers live at that step must be disjoint, so no plan is smaller than
+the largest sum of (aligned) sizes live at one step. The arena can exceed it (the problem is NP-hard);
+``no_reuse_bytes`` (every buffer in its own place) is the trivial upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from dlcc.errors import PassError
+
+__all__ = [
+    "STRATEGIES",
+    "Buffer",
+    "MemoryPlan",
+    "align_up",
+    "liveness",
+    "lower_bound",
+    "plan_memory",
+    "verify_memory_plan",
+]
+
+STRATEGIES = ("greedy-by-size", "greedy-by-breadth")
+"""Strategies ``plan_memory`` accepts by name, besides ``"auto"`` (try all, keep the smallest arena)."""
+
+
+@dataclass(frozen=True, order=True)
+class Buffer:
+    """A buffer in the arena: ``size`` bytes, live from step ``first`` to step ``last`` (inclusive)."""
+
+    id: int
+    size: int
+    first: int
+    last: int
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            raise PassError(f"memory planner: buffer {self.id} has negative size {self.size}")
+        if self.first < 0 or self.last < self.first:
+            raise PassError(
+                f"memory planner: buffer {self.id} has an empty or negative lifetime [{self.first}, {self.last}]"
+            )
+
+    def overlaps(self, other: Buffer) -> bool:
+        """Whether the two lifetimes share a step."""
+        return self.first <= other.last and other.first <= self.last
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Offsets of every buffer in one arena of ``arena_bytes``, with the bounds it is judged against."""
+
+    offsets: dict[int, int]
+    arena_bytes: int
+    lower_bound: int
+    no_reuse_bytes: int
+    alignment: int
+    strategy: str = field(default="greedy-by-size")
+
+    @property
+    def ratio(self) -> float:
+        """``arena_bytes / lower_bound`` (1.0 is optimal; 1.0 for an empty plan)."""
+        return self.arena_bytes / self.lower_bound if self.lower_bound else 1.0
+
+
+def align_up(size: int, alignment: int) -> int:
+    """``size`` rounded up to a multiple of ``alignment``."""
+    return -(-size // alignment) * alignment
+
+
+def _check_alignment(alignment: int) -> None:
+    if not isinstance(alignment, int) or alignment < 1:
+        raise PassError(f"memory planner: alignment must be a positive integer, got {alignment!r}")
+
+
+def _check_ids(buffers: Sequence[Buffer]) -> None:
+    seen: set[int] = set()
+    for b in buffers:
+        if b.id in seen:
+            raise PassError(f"memory planner: buffer id {b.id} appears twice")
+        seen.add(b.id)
+
+
+def lower_bound(buffers: Iterable[Buffer], alignment: int = 64) -> int:
+    """The largest sum of aligned sizes of the buffers live at one step (0 without buffers)."""
+    _check_alignment(alignment)
+    delta: dict[int, int] = {}
+    for b in buffers:
+        size = align_up(b.size, alignment)
+        delta[b.first] = delta.get(b.first, 0) + size
+        delta[b.last + 1] = delta.get(b.last + 1, 0) - size
+    live = peak = 0
+    for step in sorted(delta):
+        live += delta[step]
+        peak = max(peak, live)
+    return peak
+
+
+def liveness(
+    schedule: Sequence[tuple[Sequence[int], Sequence[int]]],
+    sizes: Mapping[int, int],
+    *,
+    pinned: AbstractSet[int] = frozenset(),
+) -> list[Buffer]:
+    """Lifetimes of the arena buffers of a schedule of ``(ids read, ids written)`` per step.
+
+    A buffer lives from the first step that touches it (normally its writer) to the last step that
+    touches it (normally its last reader), inclusive. Buffers in ``pinned`` (graph inputs, outputs and
+    weights, which live outside the arena) are left out. Buffers named in ``sizes`` but never used
+    by the schedule are left out too. Returns the buffers sorted by id.
+    """
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for step, (reads, writes) in enumerate(schedule):
+        for bid in (*reads, *writes):
+            if bid in pinned:
+                continue
+            first.setdefault(bid, step)
+            last[bid] = step
+    missing = sorted(bid for bid in first if bid not in sizes)
+    if missing:
+        raise PassError(f"memory planner: the schedule uses buffers {missing} whose sizes are unknown")
+    return [Buffer(bid, sizes[bid], first[bid], last[bid]) for bid in sorted(first)]
+
+
+def _best_fit(size: int, b: Buffer, placed: list[tuple[int, int, Buffer]]) -> int:
+    """The offset of the smallest gap among ``placed`` buffers overlapping ``b`` that fits ``size``."""
+    neighbours = sorted((off, off + sz) for off, sz, other in placed if other.overlaps(b))
+    best_offset: int | None = None
+    best_gap = -1
+    top = 0  # highest end seen so far: the start of the next gap
+    for start, end in neighbours:
+        gap = start - top
+        if gap >= size and (best_offset is None or gap < best_gap):
+            best_offset, best_gap = top, gap
+        top = max(top, end)
+    return top if best_offset is None else best_offset
+
+
+def _place(order: Sequence[Buffer], alignment: int) -> dict[int, int]:
+    placed: list[tuple[int, int, Buffer]] = []
+    offsets: dict[int, int] = {}
+    for b in order:
+        size = align_up(b.size, alignment)
+        offset = _best_fit(size, b, placed)
+        offsets[b.id] = offset
+        placed.append((offset, size, b))
+    return offsets
+
+
+def _order_by_size(buffers: Sequence[Buffer]) -> list[Buffer]:
+    return sorted(buffers, key=lambda b: (-b.size, b.first, b.id))
+
+
+def _order_by_breadth(buffers: Sequence[Buffer], alignment: int) -> list[Buffer]:
+    live_at: dict[int, list[Buffer]] = {}
+    for b in buffers:
+        for step in range(b.first, b.last + 1):
+            live_at.setdefault(step, []).append(b)
+    breadth = {step: sum(align_up(b.size, alignment) for b in bs) for step, bs in live_at.items()}
+    order: list[Buffer] = []
+    done: set[int] = set()
+    for step in sorted(live_at, key=lambda s: (-breadth[s], s)):
+        for b in _order_by_size(live_at[step]):
+            if b.id not in done:
+                done.add(b.id)
+                order.append(b)
+    return order
+
+
+def plan_memory(buffers: Iterable[Buffer], alignment: int = 64, strategy: str = "auto") -> MemoryPlan:
+    """Place ``buffers`` in one arena with ``strategy`` (``"greedy-by-size"``, ``"greedy-by-breadth"``
+    or ``"auto"``: both, keeping the smaller arena, greedy by size on a tie)."""
+    _check_alignment(alignment)
+    bufs = list(buffers)
+    _check_ids(bufs)
+    if strategy == "auto":
+        plans = [plan_memory(bufs, alignment, name) for name in STRATEGIES]
+        return min(plans, key=lambda p: p.arena_bytes)  # min keeps the first of equals
+    if strategy == "greedy-by-size":
+        order = _order_by_size(bufs)
+    elif strategy == "greedy-by-breadth":
+        order = _order_by_breadth(bufs, alignment)
+    else:
+        raise PassError(f"memory planner: unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)} or auto")
+    offsets = _place(order, alignment)
+    sizes = {b.id: align_up(b.size, alignment) for b in bufs}
+    arena = max((offsets[i] + sizes[i] for i in offsets), default=0)
+    return MemoryPlan(
+        offsets=dict(sorted(offsets.items())),
+        arena_bytes=arena,
+        lower_bound=lower_bound(bufs, alignment),
+        no_reuse_bytes=sum(sizes.values()),
+        alignment=alignment,
+        strategy=strategy,
+    )
+
+
+def verify_memory_plan(buffers: Iterable[Buffer], plan: MemoryPlan) -> None:
+    """Raise ``PassError`` listing every fault of ``plan`` for ``buffers``: a buffer without an offset,
+    a negative or misaligned offset, a buffer that ends beyond ``arena_bytes``, or two buffers live at
+    the same step whose ``[offset, offset + aligned size)`` intervals overlap."""
+    bufs = list(buffers)
+    _check_alignment(plan.alignment)
+    _check_ids(bufs)
+    faults: list[str] = []
+    placed: list[tuple[Buffer, int, int]] = []
+    for b in sorted(bufs, key=lambda b: (b.first, b.id)):
+        if b.id not in plan.offsets:
+            faults.append(f"buffer {b.id} has no offset")
+            continue
+        offset = plan.offsets[b.id]
+        end = offset + align_up(b.size, plan.alignment)
+        if offset < 0 or offset % plan.alignment:
+            faults.append(f"buffer {b.id} at offset {offset} is not aligned to {plan.alignment}")
+        if end > plan.arena_bytes:
+            faults.append(f"buffer {b.id} ends at {end}, beyond the arena of {plan.arena_bytes} bytes")
+        placed.append((b, offset, end))
+    # Sorted by first step: a later buffer overlaps b in time iff it starts before b ends.
+    for i, (b, start, end) in enumerate(placed):
+        for c, c_start, c_end in placed[i + 1 :]:
+            if c.first > b.last:
+                break
+            if start < c_end and c_start < end:
+                faults.append(
+                    f"buffers {b.id} [{start}, {end}) and {c.id} [{c_start}, {c_end}) overlap in memory "
+                    f"while both are live (steps {max(b.first, c.first)}..{min(b.last, c.last)})"
+                )
+    if faults:
+        raise PassError("memory plan is invalid: " + "; ".join(faults))
