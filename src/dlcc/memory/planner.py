@@ -48,6 +48,7 @@ __all__ = [
     "Buffer",
     "MemoryPlan",
     "align_up",
+    "best_fit",
     "liveness",
     "lower_bound",
     "plan_memory",
@@ -157,13 +158,16 @@ def liveness(
     return [Buffer(bid, sizes[bid], first[bid], last[bid]) for bid in sorted(first)]
 
 
-def _best_fit(size: int, b: Buffer, placed: list[tuple[int, int, Buffer]]) -> int:
-    """The offset of the smallest gap among ``placed`` buffers overlapping ``b`` that fits ``size``."""
-    neighbours = sorted((off, off + sz) for off, sz, other in placed if other.overlaps(b))
+def best_fit(size: int, intervals: Iterable[tuple[int, int]]) -> int:
+    """The offset where ``size`` bytes go among the occupied ``[start, end)`` ``intervals``: the start
+    of the smallest gap that fits them (the lowest such gap on a tie), else the highest end (0 if none).
+
+    Gaps are the spaces between the running highest end and the next start, walking by start.
+    """
     best_offset: int | None = None
     best_gap = -1
     top = 0  # highest end seen so far: the start of the next gap
-    for start, end in neighbours:
+    for start, end in sorted(intervals):
         gap = start - top
         if gap >= size and (best_offset is None or gap < best_gap):
             best_offset, best_gap = top, gap
@@ -176,7 +180,7 @@ def _place(order: Sequence[Buffer], alignment: int) -> dict[int, int]:
     offsets: dict[int, int] = {}
     for b in order:
         size = align_up(b.size, alignment)
-        offset = _best_fit(size, b, placed)
+        offset = best_fit(size, ((off, off + sz) for off, sz, other in placed if other.overlaps(b)))
         offsets[b.id] = offset
         placed.append((offset, size, b))
     return offsets
