@@ -179,7 +179,7 @@ def diff(name: str, ref: np.ndarray, got: np.ndarray, *, rtol: float, atol: floa
     scale = float(np.max(np.abs(r[finite]))) if finite.any() else 0.0
     max_abs = float(np.max(np.abs(r[finite] - g[finite]))) if finite.any() else 0.0
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    ok = max_abs <= rtol * scale + atol and nan_mismatch == 0 and inf_mismatch == 0
+    ok = bool(max_abs <= rtol * scale + atol and nan_mismatch == 0 and inf_mismatch == 0)
     reason = ""
     if nan_mismatch or inf_mismatch:
         reason = f"{nan_mismatch} NaN and {inf_mismatch} Inf positions differ"
