@@ -1,8 +1,9 @@
 """``make demo``: dlcc end to end on a model that needs no download.
 
 What goes in: nothing; the light ResNet-50 that the onnx wheel ships, with seeded random weights.
-What comes out: in ./demo-out/, the model and its optimized form; on the terminal, what ``dlcc inspect``,
-``dlcc optimize --stats`` and ``dlcc check`` print, then a short report. Exits non-zero if any step fails
+What comes out: in ./demo-out/, the model, its optimized form and an HTML page of its fusion groups; on
+the terminal, what ``dlcc inspect``, ``dlcc optimize --stats``, ``dlcc check`` and ``dlcc report`` print,
+then a short report. Exits non-zero if any step fails
 or the optimized model does not match the original in onnxruntime.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import onnx
 
+import dlcc
 from dlcc.cli import main as dlcc_main
 
 
@@ -39,6 +41,10 @@ def main() -> int:
     _step("optimize it", "optimize", str(src), str(opt), "--stats")
     seconds = time.perf_counter() - t0
     _step("compare with the original in onnxruntime", "check", str(src), str(opt))
+    _step("draw the fusion groups", "report", str(src), "-o", str(out / "resnet50.html"))
+    from dlcc.fusion import plan_fusion
+
+    plan = plan_fusion(dlcc.load(opt), "auto")
     before = Counter(n.op_type for n in onnx.load(src).graph.node)
     after = Counter(n.op_type for n in onnx.load(opt).graph.node)
     print("\n== dlcc demo report ==")
@@ -49,6 +55,8 @@ def main() -> int:
     print(f"ops        : {moved or 'unchanged'}")
     print(f"optimize   : {seconds:.2f} s, wrote {opt} ({opt.stat().st_size / 1e6:.1f} MB)")
     print("check      : outputs match onnxruntime on the original (see table above)")
+    print(f"fusion     : {plan.num_kernels} kernels ({plan.fusion_rate:.2f} nodes per kernel); {plan.reason}")
+    print(f"report     : {out / 'resnet50.html'} (open it in a browser)")
     return 0
 
 
