@@ -8,7 +8,7 @@ outputs differ beyond ``max|got - ref| <= rtol * max|ref| + atol`` (integers and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -48,3 +48,46 @@ def run_checked(model: ir.Model, p: Callable[[ir.Model], bool], *, rtol: float =
     else:
         onnx.checker.check_model(ir.serde.serialize_model(model), full_check=True)
     return changed
+
+
+def check_rule_fires(model: ir.Model, rules, name: str, *, feeds: dict | None = None,
+                     seeds: Sequence[int] = (1,), transform: Callable[[np.ndarray], np.ndarray] | None = None,
+                     atol: float = 1e-6) -> ir.Model:
+    """``name`` fires when ``rules`` run on ``model`` (the driver choosing the best rewrite); the result
+    verifies, passes the checker, matches onnxruntime (rtol 1e-5 for an exact rule, 1e-4 otherwise) on
+    ``feeds`` or on seeded random inputs (each passed through ``transform``, e.g. to make them positive),
+    keeps its output names, and a second run changes nothing. Returns the rewritten model."""
+    from dlcc.passes.rewrite import RewriteStats, apply_rules
+
+    rule = next(r for r in rules if r.name == name)
+    before = ir.serde.serialize_model(model)
+    names = [v.name for v in model.graph.outputs]
+    cases = [feeds] if feeds is not None else [random_inputs(before, seed=s) for s in seeds]
+    if transform is not None:
+        cases = [{k: transform(v) for k, v in c.items()} for c in cases]
+    refs = [run_ort(before, c) for c in cases]
+    stats = RewriteStats()
+    assert apply_rules(model, rules, stats=stats, choose_best=True), (name, stats.refused)
+    assert stats.fired[name] >= 1, (name, stats.fired, stats.refused)
+    verify_model(model)
+    after = ir.serde.serialize_model(model)
+    onnx.checker.check_model(after, full_check=True)
+    rtol = 1e-5 if rule.exact else 1e-4
+    for c, ref in zip(cases, refs, strict=True):
+        got = run_ort(after, c)
+        for k in ref:
+            d = diff(k, ref[k], got[k], rtol=rtol, atol=atol)
+            assert d.ok, (name, k, d)
+    assert [v.name for v in model.graph.outputs] == names
+    assert not apply_rules(model, rules, choose_best=True), f"{name}: a second run changed the model"
+    return model
+
+
+def check_rule_refuses(model: ir.Model, rules, name: str, reason: str) -> None:
+    """``name`` does not fire on ``model`` and records ``reason`` among its refusals."""
+    from dlcc.passes.rewrite import RewriteStats, apply_rules
+
+    stats = RewriteStats()
+    apply_rules(model, rules, stats=stats, choose_best=True)
+    assert stats.fired[name] == 0, (name, stats.fired)
+    assert stats.refused[(name, reason)] >= 1, (name, reason, stats.refused)

@@ -4,14 +4,13 @@ with broadcasting), leaves a valid model, is idempotent, and refuses with a reas
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 import pytest
 
-from dlcc.check import diff, random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.algebra.distributive import RULES
 from dlcc.passes.rewrite import RewriteStats, apply_rules
+from dlcc.testing.rewrites import check_rule_fires
 
 BY_NAME = {r.name: r for r in RULES}
 
@@ -39,25 +38,8 @@ def build(body: str, inputs: str, opset: int = 17) -> ir.Model:
 
 
 def run_case(rule: str, body: str, inputs: str, opset: int = 17, positive: bool = False) -> None:
-    model = build(body, inputs, opset)
-    proto = ir.serde.serialize_model(model)
-    feeds = random_inputs(proto, seed=3)
-    if positive:
-        feeds = {k: np.abs(v) + np.float32(0.5) for k, v in feeds.items()}
-    ref = run_ort(proto, feeds)
-    stats = RewriteStats()
-    assert apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[rule] >= 1, (stats.fired, stats.refused)
-    out = ir.serde.serialize_model(model)
-    onnx.checker.check_model(out, full_check=True)
-    got = run_ort(out, feeds)
-    rtol = 1e-5 if BY_NAME[rule].exact else 1e-4
-    for k in ref:
-        d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-        assert d.ok, d
-    assert [o.name for o in model.graph.outputs] == ["y"]
-    assert not apply_rules(model, RULES, stats=RewriteStats(), choose_best=True)
-
+    check_rule_fires(build(body, inputs, opset), RULES, rule, seeds=(3,),
+                     transform=(lambda v: np.abs(v) + np.float32(0.5)) if positive else None)
 
 XZW = ["float[2,3] x, float[2,3] z, float[2,3] w", "float[4,3] x, float[3] z, float[1,3] w",
        "float[4,1] x, float[4,3] z, float[4,3] w"]

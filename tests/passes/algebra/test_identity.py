@@ -10,10 +10,11 @@ import onnx_ir as ir
 import pytest
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
+from dlcc.check import run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.algebra.identity import RULES
 from dlcc.passes.rewrite import RewriteStats, apply_rules
+from dlcc.testing.rewrites import check_rule_fires, check_rule_refuses
 
 BY_NAME = {r.name: r for r in RULES}
 SHAPES = [("2,3", "2,3"), ("4,1,5", "1,5"), ("3", "1")]  # (x, y): equal, broadcasting, rank 1
@@ -30,30 +31,10 @@ def build(sig: str, body: str, x: str = "2,3", y: str = "2,3", opset: int = 17) 
 
 
 def run_case(name: str, sig: str, body: str, x: str, y: str, opset: int = 17) -> None:
-    model = build(sig, body, x, y, opset)
-    proto = ir.serde.serialize_model(model)
-    feeds = random_inputs(proto, seed=1)
-    ref = run_ort(proto, feeds)
-    stats = RewriteStats()
-    assert apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[name] >= 1, (stats.fired, stats.refused)
-    out = ir.serde.serialize_model(model)
-    onnx.checker.check_model(out, full_check=True)
-    got = run_ort(out, feeds)
-    rtol = 1e-5 if BY_NAME[name].exact else 1e-4
-    for k in ref:
-        d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-        assert d.ok, (name, d)
-    assert not apply_rules(model, RULES, choose_best=True)  # idempotent
-
+    check_rule_fires(build(sig, body, x, y, opset), RULES, name)
 
 def refuses(name: str, reason: str, sig: str, body: str, opset: int = 17) -> None:
-    model = build(sig, body, opset=opset)
-    stats = RewriteStats()
-    apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[name] == 0
-    assert stats.refused[(name, reason)] >= 1, stats.refused
-
+    check_rule_refuses(build(sig, body, opset=opset), RULES, name, reason)
 
 X = "float[{x}] x"
 XY = "float[{x}] x, float[{y}] y"

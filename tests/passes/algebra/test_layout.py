@@ -18,6 +18,7 @@ from dlcc.check import diff, random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.algebra.layout import RULES
 from dlcc.passes.rewrite import RewriteStats, apply_rules
+from dlcc.testing.rewrites import check_rule_fires, check_rule_refuses
 
 BY_NAME = {r.name: r for r in RULES}
 
@@ -35,31 +36,10 @@ def _ops(model: ir.Model) -> list[str]:
 
 
 def _fire_and_compare(rule: str, text: str, opset: int = 17) -> ir.Model:
-    model = _model(text, opset)
-    before = ir.serde.serialize_model(model)
-    stats = RewriteStats()
-    assert apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[rule] >= 1, (stats.fired, stats.refused)
-    after = ir.serde.serialize_model(model)
-    onnx.checker.check_model(after, full_check=True)
-    rtol = 1e-5 if BY_NAME[rule].exact else 1e-4
-    for seed in (0, 1):
-        feeds = random_inputs(before, seed=seed)
-        ref, got = run_ort(before, feeds), run_ort(after, feeds)
-        for k in ref:
-            d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-            assert d.ok, (k, d)
-    assert not apply_rules(model, RULES, choose_best=True)  # idempotent
-    return model
-
+    return check_rule_fires(_model(text, opset), RULES, rule, seeds=(0, 1))
 
 def _refuses(rule: str, text: str, reason: str, opset: int = 17) -> None:
-    model = _model(text, opset)
-    stats = RewriteStats()
-    apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[rule] == 0, stats.fired
-    assert stats.refused[(rule, reason)] >= 1, stats.refused
-
+    check_rule_refuses(_model(text, opset), RULES, rule, reason)
 
 def _shapes(template: str, *subs: dict) -> list[str]:
     return [Template(template).substitute(s) for s in subs]

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
+from dlcc.check import random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.algebra.other import RULES
 from dlcc.passes.rewrite import RewriteStats, apply_rules
+from dlcc.testing.rewrites import check_rule_fires, check_rule_refuses
 
 BY_NAME = {r.name: r for r in RULES}
 SHAPES = [("2,3", "2,3"), ("4,1,5", "1,5"), ("3", "1")]  # (x, y): z = Add(x, y) is the data
@@ -37,21 +38,7 @@ def build(body: str, x: str = "2,3", y: str = "2,3", opset: int = 17, sig: str =
 
 
 def check_rule(model: ir.Model, name: str, feeds: dict | None = None) -> None:
-    proto = ir.serde.serialize_model(model)
-    feeds = feeds or random_inputs(proto, seed=3)
-    ref = run_ort(proto, feeds)
-    stats = RewriteStats()
-    assert apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[name] >= 1, (stats.fired, stats.refused)
-    out = ir.serde.serialize_model(model)
-    onnx.checker.check_model(out, full_check=True)
-    got = run_ort(out, feeds)
-    rtol = 1e-5 if BY_NAME[name].exact else 1e-4
-    for k in ref:
-        d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-        assert d.ok, (name, d)
-    assert not apply_rules(model, RULES, choose_best=True)  # idempotent
-
+    check_rule_fires(model, RULES, name, feeds=feeds, seeds=(3,))
 
 def c(name: str, value: float, shape: str = "") -> str:
     """A Constant node line: ``name = Constant<value = float[shape] {value}>()``."""
@@ -164,12 +151,7 @@ REFUSALS = [
 @pytest.mark.parametrize("case", REFUSALS, ids=[f"{c[0]}-{i}" for i, c in enumerate(REFUSALS)])
 def test_guard_refuses(case: tuple) -> None:
     name, reason, body, *sig = case
-    model = build(body, sig=sig[0] if sig else SIG)
-    stats = RewriteStats()
-    apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[name] == 0
-    assert stats.refused[(name, reason)] >= 1, stats.refused
-
+    check_rule_refuses(build(body, sig=sig[0] if sig else SIG), RULES, name, reason)
 
 @pytest.mark.parametrize(("name", "body", "opset"), [
     ("other-softmax-idiom", "float o) {" + MAX_SUB + " e = Exp(d)\n s = ReduceSum<axes = [-1]>(e)\n o = Div(e, s) }",

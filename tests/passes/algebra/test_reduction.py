@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dlcc
-from dlcc.check import diff, random_inputs, run_ort
+from dlcc.check import random_inputs, run_ort
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.algebra.reduction import RULES
 from dlcc.passes.rewrite import RewriteStats, apply_rules
+from dlcc.testing.rewrites import check_rule_fires, check_rule_refuses
 
 BY_NAME = {r.name: r for r in RULES}
 SHAPES = [("2,3,4", "2,3,4"), ("3,1,5", "2,5"), ("3,2,2", "1")]  # (x, y): z = Add(x, y) is the data
@@ -36,22 +37,7 @@ def build(body: str, x: str = "2,3,4", y: str = "2,3,4", opset: int = 17, sig: s
 
 
 def run_case(name: str, body: str, x: str, y: str, opset: int) -> None:
-    model = build(body, x, y, opset)
-    proto = ir.serde.serialize_model(model)
-    feeds = random_inputs(proto, seed=2)
-    ref = run_ort(proto, feeds)
-    stats = RewriteStats()
-    assert apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[name] >= 1, (stats.fired, stats.refused)
-    out = ir.serde.serialize_model(model)
-    onnx.checker.check_model(out, full_check=True)
-    got = run_ort(out, feeds)
-    rtol = 1e-5 if BY_NAME[name].exact else 1e-4
-    for k in ref:
-        d = diff(k, ref[k], got[k], rtol=rtol, atol=1e-6)
-        assert d.ok, (name, d)
-    assert not apply_rules(model, RULES, choose_best=True)  # idempotent
-
+    check_rule_fires(build(body, x, y, opset), RULES, name, seeds=(2,))
 
 U = "ax = Constant<value = int64[1] {1}>()\n u = Unsqueeze(z, ax)\n"  # u: z with a unit axis 1
 A1 = "a1 = Constant<value = int64[1] {1}>()\n"
@@ -132,12 +118,7 @@ REFUSALS = [
 @pytest.mark.parametrize("case", REFUSALS, ids=[f"{c[0]}-{i}" for i, c in enumerate(REFUSALS)])
 def test_guard_refuses(case: tuple) -> None:
     name, reason, body, *sig = case
-    model = build(body, sig=sig[0] if sig else SIG)
-    stats = RewriteStats()
-    apply_rules(model, RULES, stats=stats, choose_best=True)
-    assert stats.fired[name] == 0
-    assert stats.refused[(name, reason)] >= 1, stats.refused
-
+    check_rule_refuses(build(body, sig=sig[0] if sig else SIG), RULES, name, reason)
 
 @pytest.mark.parametrize(("name", "body"), [
     ("reduction-argmax-of-increasing", "int64 o) { n = Relu(z)\n o = ArgMax<axis = 1>(n) }"),  # Relu: ties
