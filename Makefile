@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-quick bench lint clean
+.PHONY: demo test test-quick bench lint clean fuzz
 
 $(BIN)/python:
 	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "dlcc needs Python 3.11+ (set PY=python3.11)"'
@@ -40,3 +40,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build demo-out .pytest_cache
+
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz.py --n 10000

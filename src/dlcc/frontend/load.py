@@ -66,6 +66,7 @@ def load(
     proto, folder, size = _read_proto(source, base_dir)
     _check_structure(proto)
     _check_external_data(proto, folder)
+    _check_tensor_data(proto)
     _check_domains(proto)
     # checker and shape inference: a small proto as it is; a big model as its skeleton (no weight copies)
     small = size < CHECK_PROTO_BYTES
@@ -174,6 +175,64 @@ def _attr_tensors(node: onnx.NodeProto) -> Iterator[onnx.TensorProto]:
             yield a.t
         elif a.type == onnx.AttributeProto.TENSORS:
             yield from a.tensors
+
+
+# ------------------------------------------------------------------------------------------ tensor data
+
+# fixed-size element types: bytes per element in raw_data (4-bit and string types are left to the checker)
+_ITEMSIZE = {TP: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(TP)).itemsize for TP in (
+    onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128)}
+
+
+def _check_tensor_data(proto: onnx.ModelProto) -> None:
+    """Every stored tensor's dims are non-negative and its inline data holds exactly that many elements
+    (onnx's checker lets a mismatch through, and reading such a tensor fails deep inside a pass)."""
+    for g in _all_graphs(proto):  # an initializer listed as an input must fit the input's declared type
+        inits = {t.name: t for t in g.initializer}
+        for vi in g.input:
+            t = inits.get(vi.name)
+            tt = vi.type.tensor_type
+            if t is None or not vi.type.HasField("tensor_type"):
+                continue
+            declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            shape_differs = len(declared) != len(t.dims) or any(
+                d is not None and d != e for d, e in zip(declared, t.dims, strict=True))
+            if (tt.elem_type and tt.elem_type != t.data_type) or (tt.HasField("shape") and shape_differs):
+                raise ModelLoadError(
+                    f"graph input '{vi.name}' is declared with dims {declared} and type "
+                    f"{onnx.helper.tensor_dtype_to_string(tt.elem_type)} but its initializer has dims "
+                    f"{list(t.dims)} and type {onnx.helper.tensor_dtype_to_string(t.data_type)}",
+                    hint="fix or re-export the model")
+    for t in _all_tensors(proto):
+        name = t.name or "<unnamed>"
+        if any(d < 0 for d in t.dims):
+            raise ModelLoadError(f"tensor '{name}' has a negative dimension in its dims {list(t.dims)}",
+                                 hint="fix or re-export the model")
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        count = 1
+        for d in t.dims:
+            count *= d
+        if t.HasField("raw_data"):
+            size = _ITEMSIZE.get(t.data_type)
+            if size is not None and len(t.raw_data) != count * size:
+                raise ModelLoadError(
+                    f"tensor '{name}' declares dims {list(t.dims)} ({count} element(s) of {size} byte(s)) but "
+                    f"its raw_data holds {len(t.raw_data)} bytes", hint="the model is corrupt; re-export it")
+            continue
+        field = onnx.helper.tensor_dtype_to_field(t.data_type) if t.data_type in _ITEMSIZE else None
+        if field is None:
+            continue
+        held = len(getattr(t, field))
+        if t.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+            held //= 2
+        if held != count and not (held == 0 and count == 0):
+            raise ModelLoadError(
+                f"tensor '{name}' declares dims {list(t.dims)} ({count} element(s)) but holds {held} value(s)",
+                hint="the model is corrupt; re-export it")
 
 
 # ---------------------------------------------------------------------------------------- external data

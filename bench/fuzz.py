@@ -1,0 +1,68 @@
+"""Fuzz ``dlcc optimize`` with mutated models and report what went wrong.
+
+    python bench/fuzz.py [--seed S] [--n N] [--timeout T] [--jobs J] [--out DIR] [--kind K]
+
+Every mutant (``dlcc.testing.fuzz.mutant(seed, i)``) runs in its own subprocess; the table counts the
+outcomes per mutation kind; each bad case (internal error, traceback, crash, hang) is listed with its kind,
+seed index and first stderr line, and its bytes are written to ``DIR/<seed>-<index>-<kind>.onnx`` so
+``dlcc optimize DIR/... out.onnx --debug`` reproduces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dlcc.testing.fuzz import KINDS, OUTCOMES, mutant, run_case
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--jobs", type=int, default=2, help="subprocesses at a time (default 2)")
+    p.add_argument("--out", default="build/fuzz-failures", help="folder for failing inputs")
+    p.add_argument("--kind", choices=sorted(KINDS), help="only this mutation kind")
+    args = p.parse_args(argv)
+
+    out = Path(args.out)
+    counts: collections.Counter = collections.Counter()
+    per_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    failures = []
+    t0 = time.perf_counter()
+
+    def one(i: int):
+        kind, base, data = mutant(args.seed, i, args.kind)
+        return i, kind, base, data, run_case(data, args.timeout)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for done, (i, kind, base, data, outcome) in enumerate(pool.map(one, range(args.n)), 1):
+            counts[outcome.kind] += 1
+            per_kind[kind][outcome.kind] += 1
+            if outcome.bad:
+                failures.append((i, kind, base, outcome))
+                out.mkdir(parents=True, exist_ok=True)
+                (out / f"{args.seed}-{i}-{kind}.onnx").write_bytes(data)
+            if done % 100 == 0:
+                print(f"  {done}/{args.n} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    cols = list(OUTCOMES)
+    print(f"dlcc fuzz: seed {args.seed}, {args.n} mutants in {time.perf_counter() - t0:.0f} s")
+    print(f"{'kind':22}" + "".join(f"{c:>15}" for c in cols))
+    for kind in sorted(per_kind):
+        print(f"{kind:22}" + "".join(f"{per_kind[kind][c]:>15}" for c in cols))
+    print(f"{'total':22}" + "".join(f"{counts[c]:>15}" for c in cols))
+    for i, kind, base, outcome in failures:
+        print(f"FAIL {outcome.kind}: seed {args.seed} index {i} kind {kind} base {base}: {outcome.first_line}")
+    if failures:
+        print(f"{len(failures)} failing input(s) written to {out}/")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
