@@ -1,0 +1,225 @@
+"""The contract between the kernel generator and the op templates: tensor references, operands, C types.
+
+What goes in: buffers of the kernel IR (a C pointer name, dtype, shape, element strides, element offset).
+What comes out: C expressions and statements as strings.
+
+- ``TensorRef`` is a strided window on a C pointer: ``ref.at(["n", "c", "3", "w"])`` is the C lvalue of
+  one element. Shapes, strides and offsets are Python ints, baked into the C as literals (kernels are
+  specialized to their shapes), so ``at`` folds constant index parts at generation time.
+- ``Operand`` is what a template reads: ``at(idx)`` gives a C *expression* for one element. It may be a
+  load from a buffer (``ref`` is set: templates that need raw pointers, e.g. a GEMM inner loop, use it) or
+  an inlined computation (a fused elementwise/injective prologue; ``ref`` is None).
+- ``Store`` is the epilogue callback a template calls for every output element it finishes:
+  ``store(idx, value_expr)`` returns C statements that apply the fused epilogue (bias, activation,
+  residual add, ...) and write the result, so a template never knows what follows it.
+- ``Names`` hands out fresh C identifiers (``t0``, ``t1``...). Identifiers never come from the model.
+
+Invariants: all generated identifiers match ``[a-z_][a-z0-9_]*``; every index expression is a C
+``int64_t`` expression; float values are C ``float`` expressions.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlcc.errors import DlccError
+
+# dtype name (numpy) -> C type. bool is one byte holding 0 or 1, like numpy's.
+CTYPES: dict[str, str] = {
+    "float32": "float",
+    "float64": "double",
+    "int64": "int64_t",
+    "int32": "int32_t",
+    "int8": "int8_t",
+    "uint8": "uint8_t",
+    "bool": "uint8_t",
+}
+
+
+def ctype(dtype: str | np.dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in CTYPES:
+        raise DlccError(f"the C backend has no type for {name} tensors",
+                        hint="dlcc compiles float32 tensors with int64/int32 indices and bool masks")
+    return CTYPES[name]
+
+
+def c_float(x: float) -> str:
+    """A float32 literal that round-trips exactly (inf/nan as macros from math.h)."""
+    x = float(np.float32(x))
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    text = repr(x)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return f"{text}f" if not text.startswith("-") else f"({text}f)"
+
+
+def c_int(x: int) -> str:
+    x = int(x)
+    if x == -(2**63):
+        return "INT64_MIN"
+    return f"INT64_C({x})" if abs(x) > 2**31 - 1 else (str(x) if x >= 0 else f"({x})")
+
+
+def c_literal(x, dtype: str | np.dtype) -> str:
+    """A C literal of ``x`` in ``dtype``."""
+    name = np.dtype(dtype).name
+    if name in ("float32", "float64"):
+        return c_float(x)
+    if name == "bool":
+        return "1" if bool(x) else "0"
+    return c_int(int(x))
+
+
+def sanitize_comment(text: str, limit: int = 80) -> str:
+    """Model text made safe for a C block comment: printable ASCII only, no ``*/``, no backslash, one line."""
+    text = "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in str(text))
+    text = text.replace("*/", "*?").replace("/*", "/?").replace("\\", "?")
+    return text[:limit]
+
+
+_IDENT = re.compile(r"[a-z_][a-z0-9_]*\Z")
+
+
+def _lin(terms: Sequence[tuple[str, int]], const: int) -> str:
+    """C text of ``const + sum(expr * coef)``, with constant folding of literal terms."""
+    parts = []
+    for expr, coef in terms:
+        if coef == 0:
+            continue
+        expr = expr.strip()
+        if re.fullmatch(r"-?\d+", expr):
+            const += int(expr) * coef
+            continue
+        parts.append(f"({expr})" if coef == 1 else f"({expr})*{coef}")
+    if const or not parts:
+        parts.append(str(const))
+    return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A strided window on the C pointer ``ptr``: element ``idx`` is ``ptr[offset + sum(idx[d]*strides[d])]``."""
+
+    ptr: str
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] = ()
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if not _IDENT.match(self.ptr):
+            raise ValueError(f"bad C identifier {self.ptr!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if not self.strides:
+            object.__setattr__(self, "strides", contiguous_strides(self.shape))
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+
+    @property
+    def ctype(self) -> str:
+        return ctype(self.dtype)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape) or self.size <= 1
+
+    def index(self, idx: Sequence[str | int]) -> str:
+        """The C expression of the element offset of ``idx`` (one index per dim)."""
+        if len(idx) != self.rank:
+            raise ValueError(f"{self.ptr}: {len(idx)} indices for rank {self.rank}")
+        terms = [(str(i), s if d != 1 else 0) for i, s, d in zip(idx, self.strides, self.shape)]
+        return _lin(terms, self.offset)
+
+    def at(self, idx: Sequence[str | int]) -> str:
+        """The C lvalue of element ``idx``."""
+        return f"{self.ptr}[{self.index(idx)}]"
+
+    def flat(self, i: str) -> str:
+        """The C lvalue of element ``i`` in row-major order (only for contiguous refs)."""
+        if not self.contiguous:
+            raise ValueError(f"{self.ptr} is not contiguous")
+        return f"{self.ptr}[{_lin([(i, 1)], self.offset)}]"
+
+    def base(self) -> str:
+        """A C pointer expression to element 0 of the window."""
+        return f"({self.ptr} + {self.offset})" if self.offset else self.ptr
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+@dataclass
+class Operand:
+    """What a template reads: ``at(idx)`` is a C expression of one element (a load or an inlined computation)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    at: Callable[[Sequence[str]], str]
+    ref: TensorRef | None = None  # set when the operand is a buffer the template may address directly
+    const: np.ndarray | None = None  # set when the operand is a compile-time constant (a weight)
+
+    @staticmethod
+    def of(ref: TensorRef, const: np.ndarray | None = None) -> Operand:
+        return Operand(ref.shape, ref.dtype, ref.at, ref, const)
+
+
+Store = Callable[[Sequence[str], str], str]
+"""``store(idx, value)``: C statements applying the fused epilogue to ``value`` (element ``idx`` of the
+template's output) and writing the result."""
+
+
+@dataclass
+class Names:
+    """Fresh C identifiers for one generated function."""
+
+    counter: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, prefix: str = "t") -> str:
+        if not _IDENT.match(prefix):
+            raise ValueError(f"bad identifier prefix {prefix!r}")
+        n = self.counter.get(prefix, 0)
+        self.counter[prefix] = n + 1
+        return f"{prefix}{n}"
+
+
+def loops(shape: Sequence[int], names: Names, body: str, prefix: str = "i") -> tuple[list[str], str]:
+    """A row-major loop nest over ``shape`` around ``body`` (a callable of the index names, or text using
+    them). Returns (index names, C code). Dims of size 1 get the literal index ``0`` and no loop."""
+    idx = [names(prefix) if d != 1 else "0" for d in shape]
+    text = body(idx) if callable(body) else body
+    for i, d in reversed(list(zip(idx, shape))):
+        if d == 1:
+            continue
+        text = f"for (int64_t {i} = 0; {i} < {d}; ++{i}) {{\n{indent(text)}\n}}"
+    return idx, text
+
+
+def indent(text: str, n: int = 1) -> str:
+    pad = "    " * n
+    return "\n".join(pad + line if line else line for line in text.splitlines())
+
+
+class TemplateError(DlccError):
+    """A template met an attribute value or a shape it does not handle (reported as unsupported)."""

@@ -1,0 +1,357 @@
+"""Inlining: C expressions for the elements of values computed by elementwise and injective ops.
+
+What goes in: a value of a fusion group and a multi-index (C expressions); the values the kernel holds
+in buffers (``TensorRef``s) and the group's small constants.
+What comes out: a C expression for that element. A value held in a buffer is a load; a value produced
+by an elementwise op is the op applied to its inputs' elements (broadcast index maps: dims of size 1 read
+index 0, missing leading dims are dropped); a value produced by an injective op (Transpose, Slice,
+Concat, Gather, Pad, ...) is its input at a remapped index. So a whole elementwise/injective chain
+becomes one expression evaluated in registers inside the consumer's loop nest.
+
+Two modes: with ``stmts`` (a list) the generator may bind sub-results to local variables (``float t3 =
+...;``) appended there — used in a loop body where every index is in range, so a value read twice at the
+same index is computed once. Without ``stmts`` it returns one pure expression (used inside templates'
+loops and inside conditional branches, where a hoisted statement could read out of range).
+
+Handlers: ``ELEMENTWISE[op](node, args, dtypes) -> expr`` for ops whose output element depends on the
+inputs at the same (broadcast) index; ``INDEXED[op](gen, node, out_index, idx, stmts) -> expr`` for the
+rest (index maps, per-channel ops such as BatchNormalization).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import Names, TensorRef, c_float, c_literal, ctype
+from dlcc.errors import DlccError
+
+__all__ = ["ELEMENTWISE", "INDEXED", "ExprGen", "broadcast_index", "value_dtype", "value_shape"]
+
+ElementwiseFn = Callable[[ir.Node, list[str], list[str]], str]
+IndexedFn = Callable[["ExprGen", ir.Node, int, list[str], "list[str] | None"], str]
+
+ELEMENTWISE: dict[str, ElementwiseFn] = {}
+INDEXED: dict[str, IndexedFn] = {}
+
+
+def value_shape(v: ir.Value) -> tuple[int, ...]:
+    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        raise DlccError(f"value '{v.name}' has no static shape", hint="pass --input-shape for symbolic inputs")
+    return tuple(int(d) for d in v.shape)
+
+
+def value_dtype(v: ir.Value) -> str:
+    if v.dtype is None:
+        raise DlccError(f"value '{v.name}' has no known element type")
+    return np.dtype(v.dtype.numpy()).name
+
+
+def broadcast_index(idx: Sequence[str], in_shape: Sequence[int]) -> list[str]:
+    """The index into an input of shape ``in_shape`` broadcast to the output indexed by ``idx``."""
+    rank = len(in_shape)
+    tail = list(idx[len(idx) - rank:]) if rank else []
+    return ["0" if d == 1 else i for i, d in zip(tail, in_shape)]
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+class ExprGen:
+    """Generates element expressions for one kernel. ``buffers`` maps values to their TensorRef;
+    ``consts`` maps constant values (weights) to their arrays (scalars become literals)."""
+
+    def __init__(self, buffers: dict[ir.Value, TensorRef], consts: dict[ir.Value, np.ndarray], names: Names):
+        self.buffers = buffers
+        self.consts = consts
+        self.names = names
+        self._memo: dict[tuple[int, int, tuple[str, ...]], str] = {}
+
+    def reset(self) -> None:
+        """Forget bound local variables (call when a new loop body starts)."""
+        self._memo.clear()
+
+    def at(self, v: ir.Value, idx: Sequence[str], stmts: list[str] | None = None) -> str:
+        """A C expression of element ``idx`` of ``v``."""
+        idx = [str(i) for i in idx]
+        ref = self.buffers.get(v)
+        if ref is not None:
+            return ref.at(idx)
+        const = self.consts.get(v)
+        if const is not None and const.size == 1:
+            return c_literal(const.reshape(-1)[0], const.dtype)
+        node = v.producer()
+        if node is None:
+            raise DlccError(f"internal: value '{v.name}' is neither in a buffer nor computed in this kernel")
+        key = (id(v), v.index() or 0, tuple(idx))
+        if stmts is not None and key in self._memo:
+            return self._memo[key]
+        expr = self._compute(node, v.index() or 0, idx, stmts)
+        if stmts is not None and not _trivial(expr):
+            name = self.names("v")
+            stmts.append(f"const {ctype(value_dtype(v))} {name} = {expr};")
+            self._memo[key] = name
+            return name
+        return expr
+
+    def _compute(self, node: ir.Node, out_index: int, idx: list[str], stmts: list[str] | None) -> str:
+        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        fn = ELEMENTWISE.get(op)
+        if fn is not None:
+            out_shape = value_shape(node.outputs[out_index])
+            args, dtypes = [], []
+            for inp in node.inputs:
+                if inp is None:
+                    args.append("")
+                    dtypes.append("")
+                    continue
+                args.append(self.at(inp, broadcast_index(idx, value_shape(inp)), stmts))
+                dtypes.append(value_dtype(inp))
+            del out_shape
+            return fn(node, args, dtypes)
+        fn = INDEXED.get(op)
+        if fn is None:
+            raise DlccError(f"internal: no inline code for {op}")
+        return fn(self, node, out_index, idx, stmts)
+
+    def const_of(self, v: ir.Value | None) -> np.ndarray | None:
+        """The constant array of ``v`` (a weight or a small constant), or None."""
+        if v is None:
+            return None
+        if v in self.consts:
+            return self.consts[v]
+        if v.const_value is not None:
+            return v.const_value.numpy()
+        return None
+
+
+def can_inline(node: ir.Node) -> bool:
+    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    return op in ELEMENTWISE or op in INDEXED
+
+
+def _trivial(expr: str) -> bool:
+    return expr.replace("_", "").isalnum() or expr.replace(".", "").replace("f", "").lstrip("(-").rstrip(")").isdigit()
+
+
+# ----------------------------------------------------------------------------------------- elementwise
+
+def _unary(op: str, fmt: str) -> None:
+    ELEMENTWISE[op] = lambda node, a, t, fmt=fmt: fmt.format(x=a[0])
+
+
+for _op, _fmt in {
+    "Sigmoid": "dlcc_sigmoid({x})",
+    "Tanh": "tanhf({x})",
+    "Exp": "expf({x})",
+    "Log": "logf({x})",
+    "Sqrt": "sqrtf({x})",
+    "Reciprocal": "(1.0f / ({x}))",
+    "Erf": "erff({x})",
+    "Floor": "floorf({x})",
+    "Ceil": "ceilf({x})",
+    "Round": "nearbyintf({x})",
+    "Softplus": "dlcc_softplus({x})",
+    "Softsign": "(({x}) / (1.0f + fabsf({x})))",
+    "Mish": "dlcc_mish({x})",
+    "Sin": "sinf({x})",
+    "Cos": "cosf({x})",
+    "Not": "(!({x}))",
+    "HardSwish": "dlcc_hardswish({x})",
+}.items():
+    _unary(_op, _fmt)
+
+
+def _is_float(t: str) -> bool:
+    return t in ("float32", "float64")
+
+
+ELEMENTWISE["Identity"] = lambda node, a, t: a[0]
+ELEMENTWISE["Dropout"] = lambda node, a, t: a[0]
+ELEMENTWISE["Relu"] = lambda node, a, t: f"dlcc_relu({a[0]})" if _is_float(t[0]) else f"dlcc_max_i({a[0]}, 0)"
+ELEMENTWISE["Abs"] = lambda node, a, t: f"fabsf({a[0]})" if _is_float(t[0]) else f"dlcc_abs_i({a[0]})"
+ELEMENTWISE["Neg"] = lambda node, a, t: f"(-({a[0]}))"
+ELEMENTWISE["Sign"] = lambda node, a, t: f"((({a[0]}) > 0) - (({a[0]}) < 0))"
+ELEMENTWISE["LeakyRelu"] = lambda node, a, t: f"dlcc_leaky({a[0]}, {c_float(_attr(node, 'alpha', 0.01))})"
+ELEMENTWISE["PRelu"] = lambda node, a, t: f"dlcc_leaky({a[0]}, {a[1]})"
+ELEMENTWISE["Elu"] = lambda node, a, t: f"dlcc_elu({a[0]}, {c_float(_attr(node, 'alpha', 1.0))})"
+ELEMENTWISE["Celu"] = lambda node, a, t: f"dlcc_celu({a[0]}, {c_float(_attr(node, 'alpha', 1.0))})"
+ELEMENTWISE["Selu"] = lambda node, a, t: (
+    f"dlcc_selu({a[0]}, {c_float(_attr(node, 'alpha', 1.67326319217681884765625))}, "
+    f"{c_float(_attr(node, 'gamma', 1.05070102214813232421875))})")
+ELEMENTWISE["HardSigmoid"] = lambda node, a, t: (
+    f"dlcc_hardsigmoid({a[0]}, {c_float(_attr(node, 'alpha', 0.2))}, {c_float(_attr(node, 'beta', 0.5))})")
+ELEMENTWISE["Gelu"] = lambda node, a, t: (
+    f"dlcc_gelu_tanh({a[0]})" if _attr(node, "approximate", "none") == "tanh" else f"dlcc_gelu({a[0]})")
+
+
+def _clip(node: ir.Node, a: list[str], t: list[str]) -> str:
+    x = a[0]
+    fl = _is_float(t[0])
+    lo = a[1] if len(a) > 1 and a[1] else (c_float(_attr(node, "min")) if _attr(node, "min") is not None else None)
+    hi = a[2] if len(a) > 2 and a[2] else (c_float(_attr(node, "max")) if _attr(node, "max") is not None else None)
+    if lo is not None:
+        x = f"dlcc_max({x}, {lo})" if fl else f"dlcc_max_i({x}, {lo})"
+    if hi is not None:
+        x = f"dlcc_min({x}, {hi})" if fl else f"dlcc_min_i({x}, {hi})"
+    return x
+
+
+ELEMENTWISE["Clip"] = _clip
+
+
+def _cast(node: ir.Node, a: list[str], t: list[str]) -> str:
+    to = ir.DataType(_attr(node, "to"))
+    target = np.dtype(to.numpy()).name
+    if target == "bool":
+        return f"(({a[0]}) != 0)"
+    if t[0] in ("float32", "float64") and target not in ("float32", "float64"):
+        return f"dlcc_f2i_{ctype(target)}({a[0]})"
+    return f"(({ctype(target)})({a[0]}))"
+
+
+ELEMENTWISE["Cast"] = _cast
+
+
+def _binary(op: str, ffmt: str, ifmt: str | None = None) -> None:
+    def fn(node, a, t, ffmt=ffmt, ifmt=ifmt):
+        fmt = ffmt if (_is_float(t[0]) or ifmt is None) else ifmt
+        return fmt.format(a=a[0], b=a[1])
+    ELEMENTWISE[op] = fn
+
+
+_binary("Add", "(({a}) + ({b}))")
+_binary("Sub", "(({a}) - ({b}))")
+_binary("Mul", "(({a}) * ({b}))")
+_binary("Div", "(({a}) / ({b}))", "dlcc_div_i({a}, {b})")
+_binary("Pow", "dlcc_pow({a}, {b})")
+_binary("Equal", "(({a}) == ({b}))")
+_binary("Less", "(({a}) < ({b}))")
+_binary("Greater", "(({a}) > ({b}))")
+_binary("LessOrEqual", "(({a}) <= ({b}))")
+_binary("GreaterOrEqual", "(({a}) >= ({b}))")
+_binary("And", "(({a}) && ({b}))")
+_binary("Or", "(({a}) || ({b}))")
+_binary("Xor", "((!!({a})) ^ (!!({b})))")
+
+
+def _pow(node, a, t):
+    if not _is_float(t[0]):
+        return f"dlcc_pow_i({a[0]}, {a[1]})"
+    return f"dlcc_pow({a[0]}, (float)({a[1]}))"
+
+
+ELEMENTWISE["Pow"] = _pow
+
+
+def _mod(node, a, t):
+    if _attr(node, "fmod", 0) or _is_float(t[0]):
+        return f"fmodf({a[0]}, {a[1]})" if _is_float(t[0]) else f"dlcc_fmod_i({a[0]}, {a[1]})"
+    return f"dlcc_mod_i({a[0]}, {a[1]})"
+
+
+ELEMENTWISE["Mod"] = _mod
+
+
+def _variadic(fname_f: str, fname_i: str):
+    def fn(node, a, t):
+        f = fname_f if _is_float(t[0]) else fname_i
+        args = [x for x in a if x]
+        out = args[0]
+        for x in args[1:]:
+            out = f"{f}({out}, {x})"
+        return out
+    return fn
+
+
+ELEMENTWISE["Max"] = _variadic("dlcc_max", "dlcc_max_i")
+ELEMENTWISE["Min"] = _variadic("dlcc_min", "dlcc_min_i")
+ELEMENTWISE["Sum"] = lambda node, a, t: "(" + " + ".join(f"({x})" for x in a if x) + ")"
+ELEMENTWISE["Mean"] = lambda node, a, t: (
+    "((" + " + ".join(f"({x})" for x in a if x) + f") * {c_float(1.0 / len([x for x in a if x]))})")
+ELEMENTWISE["Where"] = lambda node, a, t: f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
+
+
+# --------------------------------------------------------------------------- per-channel (indexed) ops
+
+def _batchnorm(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    if out_index != 0:
+        raise DlccError("BatchNormalization in training mode is not supported by the C backend")
+    x, scale, bias, mean, var = node.inputs[:5]
+    eps = float(_attr(node, "epsilon", 1e-5))
+    c = [idx[1]] if len(idx) > 1 else ["0"]
+    consts = [gen.const_of(v) for v in (scale, bias, mean, var)]
+    xe = gen.at(x, idx, stmts)
+    if all(k is not None for k in consts):
+        s, b, m, va = (k.astype(np.float64).reshape(-1) for k in consts)
+        mul = (s / np.sqrt(va + eps)).astype(np.float32)
+        add = (b - m * mul.astype(np.float64)).astype(np.float32)
+        if mul.size == 1:
+            return f"(({xe}) * {c_float(mul[0])} + {c_float(add[0])})"
+        mul_s = "{" + ", ".join(c_float(v) for v in mul) + "}"
+        add_s = "{" + ", ".join(c_float(v) for v in add) + "}"
+        return f"(({xe}) * ((const float[]){mul_s})[{c[0]}] + ((const float[]){add_s})[{c[0]}])"
+    se, be, me, ve = (gen.at(v, c, stmts) for v in (scale, bias, mean, var))
+    return f"((({xe}) - ({me})) * ({se}) / sqrtf(({ve}) + {c_float(eps)}) + ({be}))"
+
+
+INDEXED["BatchNormalization"] = _batchnorm
+
+# The C helpers the expressions above call; emitted once at the top of every generated file.
+C_HELPERS = r"""
+static inline float dlcc_max(float a, float b) { return a > b ? a : (b == b ? b : a); }
+static inline float dlcc_min(float a, float b) { return a < b ? a : (b == b ? b : a); }
+static inline int64_t dlcc_max_i(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t dlcc_min_i(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t dlcc_abs_i(int64_t a) { return a < 0 ? -a : a; }
+static inline float dlcc_relu(float x) { return x > 0.0f ? x : 0.0f; }
+static inline float dlcc_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
+static inline float dlcc_sigmoid(float x) {
+    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+}
+static inline float dlcc_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static inline float dlcc_mish(float x) { return x * tanhf(dlcc_softplus(x)); }
+static inline float dlcc_hardsigmoid(float x, float a, float b) {
+    float y = a * x + b; return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
+}
+static inline float dlcc_hardswish(float x) { return x * dlcc_hardsigmoid(x, 1.0f / 6.0f, 0.5f); }
+static inline float dlcc_elu(float x, float a) { return x >= 0.0f ? x : a * (expf(x) - 1.0f); }
+static inline float dlcc_celu(float x, float a) {
+    return (x > 0.0f ? x : 0.0f) + (x < 0.0f ? a * (expf(x / a) - 1.0f) : 0.0f);
+}
+static inline float dlcc_selu(float x, float a, float g) { return x > 0.0f ? g * x : g * (a * expf(x) - a); }
+static inline float dlcc_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+static inline float dlcc_gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+static inline float dlcc_pow(float a, float b) {
+    if (b == 2.0f) return a * a;
+    if (b == 1.0f) return a;
+    if (b == 0.5f) return sqrtf(a);
+    return powf(a, b);
+}
+static inline int64_t dlcc_pow_i(int64_t a, int64_t b) {
+    int64_t r = 1; if (b < 0) return a == 1 ? 1 : 0;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r;
+}
+static inline int64_t dlcc_div_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+static inline int64_t dlcc_fmod_i(int64_t a, int64_t b) { return b == 0 ? 0 : a % b; }
+static inline int64_t dlcc_mod_i(int64_t a, int64_t b) {
+    if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t dlcc_f2i_int64_t(float x) {
+    return x != x ? 0 : (x >= 9.2233720368547758e18f ? INT64_MAX : (x <= -9.2233720368547758e18f ? INT64_MIN : (int64_t)x));
+}
+static inline int32_t dlcc_f2i_int32_t(float x) {
+    return x != x ? 0 : (x >= 2147483647.0f ? INT32_MAX : (x <= -2147483648.0f ? INT32_MIN : (int32_t)x));
+}
+static inline int8_t dlcc_f2i_int8_t(float x) { return (int8_t)(int32_t)x; }
+static inline uint8_t dlcc_f2i_uint8_t(float x) { return (uint8_t)(int32_t)x; }
+"""
+
+del math

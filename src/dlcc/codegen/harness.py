@@ -1,0 +1,105 @@
+"""A small harness that compiles ONE node's C (a template or an inlined expression) and runs it.
+
+What goes in: a one-node ONNX model with static shapes (inputs may be graph inputs or initializers) and
+numpy inputs. What comes out: the node's output 0 as computed by the generated C.
+
+This exists so templates and inline handlers can be tested in isolation against onnxruntime, below the
+whole compiler (``dlcc.compile``): a mismatch here is the op's C, not lowering or memory planning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import Names, Operand, TensorRef, ctype, indent, loops
+from dlcc.codegen.expr import C_HELPERS, ExprGen, value_dtype, value_shape
+
+__all__ = ["run_node"]
+
+_PRELUDE = "#include <stdint.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n" + C_HELPERS
+
+
+def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value]]:
+    from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
+
+    names = Names()
+    ins = [v for v in node.inputs if v is not None]
+    params, buffers, consts = [], {}, {}
+    for k, v in enumerate(ins):
+        ref = TensorRef(f"in{k}", value_dtype(v), value_shape(v))
+        buffers[v] = ref
+        params.append(f"const {ref.ctype}* restrict in{k}")
+        if v.const_value is not None:
+            consts[v] = v.const_value.numpy()
+    out = node.outputs[0]
+    oref = TensorRef("out", value_dtype(out), value_shape(out))
+    params.append(f"{oref.ctype}* restrict out")
+    gen = ExprGen(buffers, consts, names)
+    if node.op_type in TEMPLATES:
+        operands = []
+        for v in node.inputs:
+            if v is None:
+                operands.append(None)
+            else:
+                op = Operand.of(buffers[v], consts.get(v))
+                if node.op_type not in NEEDS_BUFFERS:
+                    op = Operand(op.shape, op.dtype, op.at, None, op.const)
+                operands.append(op)
+        call = TemplateCall(node, operands, oref.shape, oref.dtype,
+                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names)
+        body = TEMPLATES[node.op_type](call)
+    else:
+        def inner(idx):
+            stmts: list[str] = []
+            gen.reset()
+            expr = gen.at(out, idx, stmts)
+            return "\n".join([*stmts, f"{oref.at(idx)} = {expr};"])
+        _, body = loops(oref.shape, names, inner)
+    return f"{_PRELUDE}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins
+
+
+def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *, keep: str | None = None) -> np.ndarray:
+    """Compile the single node of ``model`` and run it on ``feeds`` (graph inputs by name)."""
+    m = ir.serde.deserialize_model(model) if isinstance(model, onnx.ModelProto) else model
+    nodes = list(m.graph)
+    assert len(nodes) == 1, "run_node takes a one-node model"
+    node = nodes[0]
+    src, ins = _source(node, m.graph)
+    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+    tmp = tempfile.mkdtemp(prefix="dlcc-node-")
+    c_path = os.path.join(tmp, f"n{digest}.c")
+    so_path = os.path.join(tmp, f"n{digest}.so")
+    with open(c_path, "w") as f:
+        f.write(src)
+    if keep:
+        with open(keep, "w") as f:
+            f.write(src)
+    proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=c99", "-o", so_path, c_path, "-lm"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cc failed:\n{proc.stderr}\n--- source ---\n{src}")
+    lib = ctypes.CDLL(so_path)
+    arrays = []
+    for v in ins:
+        if v.const_value is not None:
+            a = v.const_value.numpy()
+        else:
+            a = feeds[v.name]
+        arrays.append(np.ascontiguousarray(a, dtype=value_dtype(v)))
+    out = node.outputs[0]
+    result = np.empty(value_shape(out), dtype=value_dtype(out))
+    ptrs = [a.ctypes.data_as(ctypes.c_void_p) for a in arrays] + [result.ctypes.data_as(ctypes.c_void_p)]
+    lib.dlcc_node.restype = None
+    lib.dlcc_node(*ptrs)
+    return result
+
+
+del ctype

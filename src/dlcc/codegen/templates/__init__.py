@@ -1,0 +1,67 @@
+"""Kernel templates: C for the ops that are not plain index maps (Conv, MatMul, pools, reductions, norms).
+
+What goes in: a ``TemplateCall`` — the ONNX node (attributes), one ``Operand`` per input (None for an
+absent optional input), the output's shape and dtype, and ``store``, the epilogue callback.
+What comes out: C statements (a string) that compute every element of output 0 exactly once and hand it
+to ``store(idx, value)``. ``scratch`` is a float32 TensorRef of the output's shape that the template may
+use as an accumulator (it is the destination itself: after accumulating, a template calls ``store`` on
+each element it finished, e.g. ``call.store(idx, call.scratch.at(idx))``; when ``call.direct`` is True
+there is no epilogue and the accumulated values already are the result, so that pass can be skipped).
+
+Registry: ``TEMPLATES[op_type] = function(call) -> str``; ``NEEDS_BUFFERS`` lists the op types whose
+inputs must be materialized buffers (``Operand.ref`` set) rather than inlined expressions.
+A template that meets an attribute or shape it does not handle raises ``TemplateError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import Names, Operand, Store, TensorRef
+
+__all__ = ["NEEDS_BUFFERS", "TEMPLATES", "TemplateCall", "register"]
+
+
+@dataclass
+class TemplateCall:
+    node: ir.Node
+    inputs: list[Operand | None]
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    store: Store
+    scratch: TensorRef
+    direct: bool
+    names: Names = field(default_factory=Names)
+
+    def attr(self, name: str, default=None):
+        a = self.node.attributes.get(name)
+        return default if a is None else a.value
+
+
+TEMPLATES: dict[str, Callable[[TemplateCall], str]] = {}
+NEEDS_BUFFERS: set[str] = set()
+
+
+def register(*ops: str, needs_buffers: bool = False):
+    def deco(fn):
+        for op in ops:
+            TEMPLATES[op] = fn
+            if needs_buffers:
+                NEEDS_BUFFERS.add(op)
+        return fn
+    return deco
+
+
+def _load_all() -> None:
+    """Import the template modules (each registers its ops)."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_load_all()
