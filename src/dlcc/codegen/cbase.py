@@ -144,7 +144,7 @@ class TensorRef:
         """The C expression of the element offset of ``idx`` (one index per dim)."""
         if len(idx) != self.rank:
             raise ValueError(f"{self.ptr}: {len(idx)} indices for rank {self.rank}")
-        terms = [(str(i), s if d != 1 else 0) for i, s, d in zip(idx, self.strides, self.shape)]
+        terms = [(str(i), s if d != 1 else 0) for i, s, d in zip(idx, self.strides, self.shape, strict=False)]
         return _lin(terms, self.offset)
 
     def at(self, idx: Sequence[str | int]) -> str:
@@ -209,7 +209,7 @@ def loops(shape: Sequence[int], names: Names, body: str, prefix: str = "i") -> t
     them). Returns (index names, C code). Dims of size 1 get the literal index ``0`` and no loop."""
     idx = [names(prefix) if d != 1 else "0" for d in shape]
     text = body(idx) if callable(body) else body
-    for i, d in reversed(list(zip(idx, shape))):
+    for i, d in reversed(list(zip(idx, shape, strict=False))):
         if d == 1:
             continue
         text = f"for (int64_t {i} = 0; {i} < {d}; ++{i}) {{\n{indent(text)}\n}}"
@@ -219,6 +219,17 @@ def loops(shape: Sequence[int], names: Names, body: str, prefix: str = "i") -> t
 def indent(text: str, n: int = 1) -> str:
     pad = "    " * n
     return "\n".join(pad + line if line else line for line in text.splitlines())
+
+
+C_HELPERS: dict[str, str] = {}
+"""Static inline C helpers by name; every generated file includes all of them (modules register theirs
+at import with ``c_helper``)."""
+
+
+def c_helper(name: str, code: str) -> None:
+    if C_HELPERS.get(name, code) != code:
+        raise ValueError(f"two different C helpers named {name}")
+    C_HELPERS[name] = code
 
 
 class TemplateError(DlccError):

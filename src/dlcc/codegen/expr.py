@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import Names, TensorRef, c_float, c_literal, ctype
+from dlcc.codegen.cbase import Names, TensorRef, c_float, c_helper, c_literal, ctype
 from dlcc.errors import DlccError
 
 __all__ = ["ELEMENTWISE", "INDEXED", "ExprGen", "broadcast_index", "value_dtype", "value_shape"]
@@ -54,7 +54,7 @@ def broadcast_index(idx: Sequence[str], in_shape: Sequence[int]) -> list[str]:
     """The index into an input of shape ``in_shape`` broadcast to the output indexed by ``idx``."""
     rank = len(in_shape)
     tail = list(idx[len(idx) - rank:]) if rank else []
-    return ["0" if d == 1 else i for i, d in zip(tail, in_shape)]
+    return ["0" if d == 1 else i for i, d in zip(tail, in_shape, strict=False)]
 
 
 def _attr(node: ir.Node, name: str, default=None):
@@ -303,7 +303,7 @@ def _batchnorm(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmt
 INDEXED["BatchNormalization"] = _batchnorm
 
 # The C helpers the expressions above call; emitted once at the top of every generated file.
-C_HELPERS = r"""
+_HELPERS = r"""
 static inline float dlcc_max(float a, float b) { return a > b ? a : (b == b ? b : a); }
 static inline float dlcc_min(float a, float b) { return a < b ? a : (b == b ? b : a); }
 static inline int64_t dlcc_max_i(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -345,7 +345,8 @@ static inline int64_t dlcc_mod_i(int64_t a, int64_t b) {
     if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static inline int64_t dlcc_f2i_int64_t(float x) {
-    return x != x ? 0 : (x >= 9.2233720368547758e18f ? INT64_MAX : (x <= -9.2233720368547758e18f ? INT64_MIN : (int64_t)x));
+    return x != x ? 0 : (x >= 9.2233720368547758e18f ? INT64_MAX
+         : (x <= -9.2233720368547758e18f ? INT64_MIN : (int64_t)x));
 }
 static inline int32_t dlcc_f2i_int32_t(float x) {
     return x != x ? 0 : (x >= 2147483647.0f ? INT32_MAX : (x <= -2147483648.0f ? INT32_MIN : (int32_t)x));
@@ -353,5 +354,7 @@ static inline int32_t dlcc_f2i_int32_t(float x) {
 static inline int8_t dlcc_f2i_int8_t(float x) { return (int8_t)(int32_t)x; }
 static inline uint8_t dlcc_f2i_uint8_t(float x) { return (uint8_t)(int32_t)x; }
 """
+
+c_helper("expr", _HELPERS)
 
 del math

@@ -19,15 +19,21 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import Names, Operand, TensorRef, ctype, indent, loops
-from dlcc.codegen.expr import C_HELPERS, ExprGen, value_dtype, value_shape
+from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, loops
+from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
 
 __all__ = ["run_node"]
 
-_PRELUDE = "#include <stdint.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n" + C_HELPERS
 
 
-def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value]]:
+def prelude() -> str:
+    import dlcc.codegen.templates  # noqa: F401  (registers the templates' helpers)
+
+    return ("#include <stdint.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n"
+            + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))
+
+
+def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value], list[np.ndarray]]:
     from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
 
     names = Names()
@@ -43,6 +49,7 @@ def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value]]:
     oref = TensorRef("out", value_dtype(out), value_shape(out))
     params.append(f"{oref.ctype}* restrict out")
     gen = ExprGen(buffers, consts, names)
+    packed: list[np.ndarray] = []
     if node.op_type in TEMPLATES:
         operands = []
         for v in node.inputs:
@@ -53,8 +60,13 @@ def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value]]:
                 if node.op_type not in NEEDS_BUFFERS:
                     op = Operand(op.shape, op.dtype, op.at, None, op.const)
                 operands.append(op)
+        def pack(array: np.ndarray) -> TensorRef:
+            ref = TensorRef(f"w{len(packed)}", array.dtype.name, array.shape)
+            packed.append(array)
+            return ref
+
         call = TemplateCall(node, operands, oref.shape, oref.dtype,
-                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names)
+                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names, pack)
         body = TEMPLATES[node.op_type](call)
     else:
         def inner(idx):
@@ -63,7 +75,8 @@ def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value]]:
             expr = gen.at(out, idx, stmts)
             return "\n".join([*stmts, f"{oref.at(idx)} = {expr};"])
         _, body = loops(oref.shape, names, inner)
-    return f"{_PRELUDE}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins
+    params += [f"const {ctype(a.dtype)}* restrict w{k}" for k, a in enumerate(packed)]
+    return f"{prelude()}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins, packed
 
 
 def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *, keep: str | None = None) -> np.ndarray:
@@ -72,7 +85,7 @@ def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *,
     nodes = list(m.graph)
     assert len(nodes) == 1, "run_node takes a one-node model"
     node = nodes[0]
-    src, ins = _source(node, m.graph)
+    src, ins, packed = _source(node, m.graph)
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     tmp = tempfile.mkdtemp(prefix="dlcc-node-")
     c_path = os.path.join(tmp, f"n{digest}.c")
@@ -82,24 +95,19 @@ def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *,
     if keep:
         with open(keep, "w") as f:
             f.write(src)
-    proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=c99", "-o", so_path, c_path, "-lm"],
+    proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=gnu11", "-o", so_path, c_path, "-lm"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"cc failed:\n{proc.stderr}\n--- source ---\n{src}")
     lib = ctypes.CDLL(so_path)
     arrays = []
     for v in ins:
-        if v.const_value is not None:
-            a = v.const_value.numpy()
-        else:
-            a = feeds[v.name]
+        a = v.const_value.numpy() if v.const_value is not None else feeds[v.name]
         arrays.append(np.ascontiguousarray(a, dtype=value_dtype(v)))
     out = node.outputs[0]
     result = np.empty(value_shape(out), dtype=value_dtype(out))
-    ptrs = [a.ctypes.data_as(ctypes.c_void_p) for a in arrays] + [result.ctypes.data_as(ctypes.c_void_p)]
+    ptrs = [a.ctypes.data_as(ctypes.c_void_p) for a in [*arrays, result, *packed]]
     lib.dlcc_node.restype = None
     lib.dlcc_node(*ptrs)
     return result
 
-
-del ctype

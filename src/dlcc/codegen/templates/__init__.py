@@ -10,6 +10,8 @@ there is no epilogue and the accumulated values already are the result, so that 
 
 Registry: ``TEMPLATES[op_type] = function(call) -> str``; ``NEEDS_BUFFERS`` lists the op types whose
 inputs must be materialized buffers (``Operand.ref`` set) rather than inlined expressions.
+Weights: an operand whose ``const`` is set is a compile-time constant; ``call.packed(array)`` adds a
+rearranged copy as a new weight buffer (compile-time repacking into the layout the kernel reads fastest).
 A template that meets an attribute or shape it does not handle raises ``TemplateError``.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_ir as ir
 
 from dlcc.codegen.cbase import Names, Operand, Store, TensorRef
@@ -35,6 +38,14 @@ class TemplateCall:
     scratch: TensorRef
     direct: bool
     names: Names = field(default_factory=Names)
+    pack: Callable[[np.ndarray], TensorRef] | None = None
+
+    def packed(self, array: np.ndarray) -> TensorRef:
+        """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);
+        returns its TensorRef. Only valid for operands whose ``const`` is set."""
+        if self.pack is None:
+            raise RuntimeError("this call cannot pack weights")
+        return self.pack(np.ascontiguousarray(array))
 
     def attr(self, name: str, default=None):
         a = self.node.attributes.get(name)
