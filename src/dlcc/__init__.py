@@ -1,6 +1,6 @@
 """dlcc: a deep-learning compiler. ONNX in; an optimized graph, fused kernels, a memory plan and C out.
 
-Public API: ``load``, ``save``, ``optimize``; the CLI is ``dlcc`` (see ``dlcc --help``).
+Public API: ``load``, ``save``, ``optimize``, ``compile``; the CLI is ``dlcc`` (see ``dlcc --help``).
 """
 
 from dlcc.errors import DlccError
@@ -8,7 +8,7 @@ from dlcc.frontend.load import load, save
 
 __version__ = "0.1.0"
 
-__all__ = ["DlccError", "load", "save", "optimize", "__version__"]
+__all__ = ["DlccError", "load", "save", "optimize", "compile", "__version__"]
 
 
 def optimize(model, **kwargs):
@@ -16,3 +16,10 @@ def optimize(model, **kwargs):
     from dlcc.api import optimize as _optimize
 
     return _optimize(model, **kwargs)
+
+
+def compile(model, **kwargs):  # noqa: A001  (the public name the design asks for)
+    """Compile a model to a ``CompiledModel`` callable with numpy arrays; see ``dlcc.compiler``."""
+    from dlcc.compiler import compile_model
+
+    return compile_model(model, **kwargs)

@@ -71,6 +71,7 @@ class ExprGen:
         self.consts = consts
         self.names = names
         self._memo: dict[tuple[int, int, tuple[str, ...]], str] = {}
+        self.bound: dict[ir.Value, str] = {}  # values replaced by a C expression (a template's result)
 
     def reset(self) -> None:
         """Forget bound local variables (call when a new loop body starts)."""
@@ -79,6 +80,8 @@ class ExprGen:
     def at(self, v: ir.Value, idx: Sequence[str], stmts: list[str] | None = None) -> str:
         """A C expression of element ``idx`` of ``v``."""
         idx = [str(i) for i in idx]
+        if v in self.bound:
+            return self.bound[v]
         ref = self.buffers.get(v)
         if ref is not None:
             return ref.at(idx)
@@ -98,6 +101,13 @@ class ExprGen:
             self._memo[key] = name
             return name
         return expr
+
+    def compute(self, v: ir.Value, idx: Sequence[str], stmts: list[str] | None = None) -> str:
+        """Element ``idx`` of ``v`` computed by its producer (even when ``v`` has a buffer: used to fill it)."""
+        node = v.producer()
+        if node is None:
+            raise DlccError(f"internal: value '{v.name}' has no producer to compute it")
+        return self._compute(node, v.index() or 0, [str(i) for i in idx], stmts)
 
     def _compute(self, node: ir.Node, out_index: int, idx: list[str], stmts: list[str] | None) -> str:
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"

@@ -1,0 +1,671 @@
+"""Injective ops as index maps: the element of the output at ``idx`` is an input at a remapped index.
+
+What goes in: an ``ExprGen``, the node, which output (``out_index``) and the output multi-index ``idx``
+(C int64 expressions, one per output dim). What comes out: a C expression of that element, built with
+``gen.at(input, remapped_index, stmts)``.
+
+Registered in ``dlcc.codegen.expr.INDEXED`` at import: Transpose, Slice, Concat, Split, Gather,
+GatherElements, Pad, Expand, Tile, DepthToSpace, SpaceToDepth, Resize, Upsample, dlcc::ChannelShuffle,
+Reshape, Flatten, Squeeze, Unsqueeze (Identity is already an elementwise op in expr.py).
+
+Safety rule: a load inside a conditional branch (Pad's in-range test, Concat's choice of input) is
+generated in pure-expression mode (``stmts=None``) so it is never hoisted before its guard; the choice
+is a C ternary. Indices read from data (Gather, GatherElements) are normalized for negatives and clamped,
+so a bad index never reads out of bounds. Shapes are static: index arithmetic is folded in Python where
+an index is a literal, and per-axis maps that are not affine (Resize) become static const tables.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import TemplateError, c_float, c_helper, c_int, c_literal, contiguous_strides
+from dlcc.codegen.expr import INDEXED, ExprGen, value_dtype, value_shape
+
+__all__: list[str] = []
+
+c_helper("injective", r"""
+static inline int64_t dlcc_clamp_idx(int64_t j, int64_t n) {
+    j = j < 0 ? j + n : j; return j < 0 ? 0 : (j >= n ? n - 1 : j);
+}
+static inline int64_t dlcc_edge_idx(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
+static inline int64_t dlcc_wrap_idx(int64_t i, int64_t n) { int64_t r = i % n; return r < 0 ? r + n : r; }
+static inline int64_t dlcc_reflect_idx(int64_t i, int64_t n) {
+    if (n <= 1) return 0;
+    int64_t p = 2 * n - 2, r = i % p; r = r < 0 ? r + p : r; return r >= n ? p - r : r;
+}
+""")
+
+
+# ------------------------------------------------------------------------------ index arithmetic
+
+_INT = re.compile(r"\(?(-?\d+)\)?\Z")
+
+
+def _lit(e: str) -> int | None:
+    m = _INT.match(e.strip())
+    return int(m.group(1)) if m else None
+
+
+def _num(x: int) -> str:
+    return c_int(x)
+
+
+def _add(a: str, k: int) -> str:
+    v = _lit(a)
+    if v is not None:
+        return _num(v + k)
+    if k == 0:
+        return a
+    return f"({a} + {k})" if k > 0 else f"({a} - {-k})"
+
+
+def _mul(a: str, k: int) -> str:
+    v = _lit(a)
+    if v is not None:
+        return _num(v * k)
+    if k == 0:
+        return "0"
+    return a if k == 1 else f"({a})*{k}"
+
+
+def _div(a: str, k: int) -> str:
+    """``a / k`` for ``a >= 0``, ``k > 0``."""
+    v = _lit(a)
+    if v is not None:
+        return _num(v // k)
+    return a if k == 1 else f"({a})/{k}"
+
+
+def _mod(a: str, k: int) -> str:
+    """``a % k`` for ``a >= 0``, ``k > 0``."""
+    v = _lit(a)
+    if v is not None:
+        return _num(v % k)
+    return "0" if k == 1 else f"({a})%{k}"
+
+
+def _sum(terms: Sequence[str]) -> str:
+    const, parts = 0, []
+    for t in terms:
+        v = _lit(t)
+        if v is not None:
+            const += v
+        elif t != "0":
+            parts.append(t)
+    if const or not parts:
+        parts.append(_num(const))
+    return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+
+
+def _linearize(idx: Sequence[str], shape: Sequence[int]) -> str:
+    strides = contiguous_strides(shape)
+    return _sum([_mul(i, s) for i, s, d in zip(idx, strides, shape, strict=True) if d != 1])
+
+
+def _delinearize(lin: str, shape: Sequence[int]) -> list[str]:
+    strides = contiguous_strides(shape)
+    out = []
+    for k, (s, d) in enumerate(zip(strides, shape, strict=True)):
+        if d == 1:
+            out.append("0")
+            continue
+        e = _div(lin, s)
+        if k > 0:  # the leading dim needs no modulo (the index is in range)
+            e = _mod(e, d)
+        out.append(e)
+    return out
+
+
+def _table(gen: ExprGen, values: Sequence, i: str, ctype: str = "int64_t") -> str:
+    """``values[i]`` as C: folded for a literal ``i`` or an affine table, else a static const table."""
+    vals = list(values)
+    v = _lit(i)
+    fmt = c_float if ctype == "float" else _num
+    if v is not None:
+        return fmt(vals[v])
+    if len(vals) == 1:
+        return fmt(vals[0])
+    if ctype != "float":
+        ints = [int(x) for x in vals]
+        step = ints[1] - ints[0]
+        if all(ints[k] == ints[0] + k * step for k in range(len(ints))):
+            return _add(_mul(i, step), ints[0])
+        if len(set(ints)) == 1:
+            return _num(ints[0])
+    else:
+        if len({float(x) for x in vals}) == 1:
+            return c_float(vals[0])
+    name = gen.names("tab")
+    body = ", ".join(fmt(x) for x in vals)
+    return f"({{ static const {ctype} {name}[{len(vals)}] = {{{body}}}; {name}[{i}]; }})"
+
+
+def _bind(gen: ExprGen, expr: str, ctype: str, stmts) -> str:
+    """``expr`` (index arithmetic, no loads) bound to a local in statement mode, so it is computed once."""
+    if stmts is None or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|\(?-?[0-9.]+f?\)?", expr.strip()):
+        return expr
+    name = gen.names("r")
+    stmts.append(f"const {ctype} {name} = {expr};")
+    return name
+
+
+def _attr(node: ir.Node, name: str, default=None):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def _opset(node: ir.Node) -> int:
+    v = node.version
+    if v is None:
+        graph = node.graph
+        model_opsets = graph.opset_imports if graph is not None else {}
+        v = model_opsets.get("" if node.domain in ("", "ai.onnx") else node.domain)
+    return int(v) if v is not None else 21
+
+
+def _input(node: ir.Node, k: int) -> ir.Value | None:
+    return node.inputs[k] if len(node.inputs) > k else None
+
+
+def _const_input(gen: ExprGen, node: ir.Node, k: int, what: str) -> np.ndarray | None:
+    """The constant array of optional input ``k`` (None when absent); TemplateError when not constant."""
+    v = _input(node, k)
+    if v is None:
+        return None
+    a = gen.const_of(v)
+    if a is None:
+        raise TemplateError(f"{node.op_type}: the {what} input must be a constant")
+    return a
+
+
+def _axis(a: int, rank: int, node: ir.Node) -> int:
+    a = int(a)
+    if not -rank <= a < max(rank, 1):
+        raise TemplateError(f"{node.op_type}: axis {a} out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def _in_shape(node: ir.Node, k: int = 0) -> tuple[int, ...]:
+    return value_shape(node.inputs[k])
+
+
+def _out_shape(node: ir.Node, k: int = 0) -> tuple[int, ...]:
+    return value_shape(node.outputs[k])
+
+
+# ---------------------------------------------------------------------------------------- handlers
+
+def _transpose(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    rank = len(_in_shape(node))
+    perm = _attr(node, "perm")
+    perm = list(range(rank))[::-1] if perm is None else [_axis(p, rank, node) for p in perm]
+    new = ["0"] * rank
+    for o, p in enumerate(perm):
+        new[p] = idx[o]
+    return gen.at(node.inputs[0], new, stmts)
+
+
+def _slice(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    shape = _in_shape(node)
+    rank = len(shape)
+    if _opset(node) < 10 and len(node.inputs) == 1:
+        starts = list(_attr(node, "starts"))
+        ends = list(_attr(node, "ends"))
+        axes = _attr(node, "axes")
+        axes = list(range(len(starts))) if axes is None else list(axes)
+        steps = [1] * len(starts)
+    else:
+        s = _const_input(gen, node, 1, "starts")
+        e = _const_input(gen, node, 2, "ends")
+        if s is None or e is None:
+            raise TemplateError("Slice: the starts and ends inputs must be constants")
+        starts, ends = [int(x) for x in s.reshape(-1)], [int(x) for x in e.reshape(-1)]
+        a = _const_input(gen, node, 3, "axes")
+        axes = list(range(len(starts))) if a is None else [int(x) for x in a.reshape(-1)]
+        st = _const_input(gen, node, 4, "steps")
+        steps = [1] * len(starts) if st is None else [int(x) for x in st.reshape(-1)]
+    new = list(idx)
+    for a, b, e, st in zip(axes, starts, ends, steps, strict=True):
+        a = _axis(a, rank, node)
+        if st == 0:
+            raise TemplateError("Slice: step 0 is invalid")
+        start, _, _ = slice(b, e, st).indices(shape[a])  # the same clamping rules as ONNX
+        new[a] = _add(_mul(idx[a], st), start)
+    return gen.at(node.inputs[0], new, stmts)
+
+
+def _concat(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    out_shape = _out_shape(node)
+    axis = _axis(_attr(node, "axis", 0), len(out_shape), node)
+    parts, off = [], 0
+    for v in node.inputs:
+        if v is None:
+            continue
+        n = value_shape(v)[axis]
+        if n > 0:
+            parts.append((v, off, n))
+        off += n
+    i = idx[axis]
+    lv = _lit(i)
+    if lv is not None or len(parts) == 1:
+        for v, o, n in parts:
+            if lv is None or o <= lv < o + n:
+                new = list(idx)
+                new[axis] = _add(i, -o)
+                return gen.at(v, new, stmts)
+        raise TemplateError("Concat: index out of range")
+    # the choice of input is conditional: pure-expression loads only
+    v, o, _ = parts[-1]
+    new = list(idx)
+    new[axis] = _add(i, -o)
+    expr = gen.at(v, new, None)
+    for v, o, n in reversed(parts[:-1]):
+        new = list(idx)
+        new[axis] = _add(i, -o)
+        expr = f"(({i}) < {o + n} ? ({gen.at(v, new, None)}) : ({expr}))"
+    return expr
+
+
+def _split(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    rank = len(_in_shape(node))
+    axis = _axis(_attr(node, "axis", 0), rank, node)
+    off = sum(value_shape(node.outputs[k])[axis] for k in range(out_index))  # static output shapes
+    new = list(idx)
+    new[axis] = _add(idx[axis], off)
+    return gen.at(node.inputs[0], new, stmts)
+
+
+def _data_index(gen: ExprGen, v: ir.Value, idx: list[str], n: int, stmts) -> str:
+    """Element ``idx`` of the index tensor ``v``, normalized for negatives and clamped to ``[0, n)``."""
+    const = gen.const_of(v)
+    if const is not None and const.size == 1:
+        j = int(const.reshape(-1)[0])
+        j = j + n if j < 0 else j
+        return _num(min(max(j, 0), max(n - 1, 0)))
+    j = gen.at(v, idx, stmts)
+    return f"dlcc_clamp_idx((int64_t)({j}), {n})"
+
+
+def _gather(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    data, ind = node.inputs[0], node.inputs[1]
+    shape = value_shape(data)
+    axis = _axis(_attr(node, "axis", 0), len(shape), node)
+    q = len(value_shape(ind))
+    if shape[axis] == 0 and math.prod(_out_shape(node)) > 0:
+        raise TemplateError("Gather: indexing an empty axis")
+    j = _data_index(gen, ind, idx[axis:axis + q], shape[axis], stmts)
+    new = [*idx[:axis], j, *idx[axis + q:]]
+    return gen.at(data, new, stmts)
+
+
+def _gather_elements(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    data, ind = node.inputs[0], node.inputs[1]
+    shape = value_shape(data)
+    axis = _axis(_attr(node, "axis", 0), len(shape), node)
+    ishape = value_shape(ind)
+    if any(i > d for k, (i, d) in enumerate(zip(ishape, shape, strict=True)) if k != axis) or (
+            shape[axis] == 0 and math.prod(ishape) > 0):
+        raise TemplateError(f"GatherElements: indices of shape {ishape} do not fit data of shape {shape}")
+    new = list(idx)
+    new[axis] = _data_index(gen, ind, idx, shape[axis], stmts)
+    return gen.at(data, new, stmts)
+
+
+def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    x = node.inputs[0]
+    shape = value_shape(x)
+    rank = len(shape)
+    mode = _attr(node, "mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if _opset(node) < 11 and len(node.inputs) == 1:
+        pads = [int(p) for p in _attr(node, "pads")]
+        value_expr = c_literal(float(_attr(node, "value", 0.0)), value_dtype(x))
+        axes = list(range(rank))
+    else:
+        p = _const_input(gen, node, 1, "pads")
+        if p is None:
+            raise TemplateError("Pad: the pads input must be a constant")
+        pads = [int(v) for v in p.reshape(-1)]
+        cv = _input(node, 2)
+        if cv is None:
+            value_expr = c_literal(0, value_dtype(x))
+        else:
+            cconst = gen.const_of(cv)
+            if cconst is not None and cconst.size == 1:
+                value_expr = c_literal(cconst.reshape(-1)[0].item(), value_dtype(x))
+            elif cconst is not None and cconst.size == 0:
+                value_expr = c_literal(0, value_dtype(x))
+            else:
+                value_expr = gen.at(cv, ["0"] * len(value_shape(cv)), stmts) if mode == "constant" else "0"
+        a = _const_input(gen, node, 3, "axes")
+        axes = list(range(rank)) if a is None else [_axis(int(v), rank, node) for v in a.reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise TemplateError(f"Pad: {len(pads)} pads for {len(axes)} axes")
+    begin, end = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        begin[a], end[a] = pads[k], pads[k + len(axes)]
+    new, conds = [], []
+    for d in range(rank):
+        n = shape[d]
+        i = _add(idx[d], -begin[d])
+        if begin[d] <= 0 and end[d] <= 0:  # no padding here (maybe cropping): always in range
+            new.append(i)
+            continue
+        lv = _lit(i)
+        if mode == "constant":
+            if lv is not None:
+                if not 0 <= lv < n:
+                    return value_expr
+            else:
+                if begin[d] > 0:
+                    conds.append(f"({i}) >= 0")
+                if end[d] > 0:
+                    conds.append(f"({i}) < {n}")
+            new.append(i)
+        elif n == 0:
+            raise TemplateError(f"Pad: mode {mode} needs a non-empty input along axis {d}")
+        elif mode == "edge":
+            new.append(_num(min(max(lv, 0), n - 1)) if lv is not None else f"dlcc_edge_idx({i}, {n})")
+        elif mode == "reflect":
+            if lv is not None:
+                new.append(_num(_reflect(lv, n)))
+            else:
+                new.append(f"dlcc_reflect_idx({i}, {n})")
+        elif mode == "wrap":
+            new.append(_num(lv % n) if lv is not None else f"dlcc_wrap_idx({i}, {n})")
+        else:
+            raise TemplateError(f"Pad: mode {mode!r} is not supported")
+    if not conds:
+        return gen.at(x, new, stmts)
+    return f"(({' && '.join(conds)}) ? ({gen.at(x, new, None)}) : ({value_expr}))"
+
+
+def _reflect(i: int, n: int) -> int:
+    if n <= 1:
+        return 0
+    p = 2 * n - 2
+    r = i % p
+    return p - r if r >= n else r
+
+
+def _expand(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    _const_input(gen, node, 1, "shape")
+    shape = _in_shape(node)
+    tail = idx[len(idx) - len(shape):] if shape else []
+    return gen.at(node.inputs[0], ["0" if d == 1 else i for i, d in zip(tail, shape, strict=True)], stmts)
+
+
+def _tile(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    r = _const_input(gen, node, 1, "repeats")
+    if r is None:
+        raise TemplateError("Tile: the repeats input must be a constant")
+    shape = _in_shape(node)
+    reps = [int(v) for v in r.reshape(-1)]
+    new = [i if rep == 1 else _mod(i, d) for i, d, rep in zip(idx, shape, reps, strict=True)]
+    return gen.at(node.inputs[0], new, stmts)
+
+
+def _blocksize(node: ir.Node) -> int:
+    b = _attr(node, "blocksize")
+    if b is None or int(b) < 1 or len(_in_shape(node)) != 4:
+        raise TemplateError(f"{node.op_type}: needs a 4-D input and a positive blocksize")
+    return int(b)
+
+
+def _depth_to_space(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    b = _blocksize(node)
+    mode = _attr(node, "mode", "DCR")
+    n, c, h, w = idx
+    cout = _out_shape(node)[1]
+    i, j = _mod(h, b), _mod(w, b)
+    if mode == "DCR":
+        ch = _sum([_mul(i, b * cout), _mul(j, cout), c])
+    elif mode == "CRD":
+        ch = _sum([_mul(c, b * b), _mul(i, b), j])
+    else:
+        raise TemplateError(f"DepthToSpace: mode {mode!r} is not supported")
+    return gen.at(node.inputs[0], [n, ch, _div(h, b), _div(w, b)], stmts)
+
+
+def _space_to_depth(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    b = _blocksize(node)
+    n, oc, h, w = idx
+    cin = _in_shape(node)[1]
+    c, ij = _mod(oc, cin), _div(oc, cin)
+    i, j = _div(ij, b), _mod(ij, b)
+    return gen.at(node.inputs[0], [n, c, _sum([_mul(h, b), i]), _sum([_mul(w, b), j])], stmts)
+
+
+def _channel_shuffle(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    g = int(_attr(node, "group"))
+    shape = _in_shape(node)
+    if len(shape) < 2 or shape[1] % g:
+        raise TemplateError(f"ChannelShuffle: {shape[1] if len(shape) > 1 else '?'} channels, group {g}")
+    cg = shape[1] // g
+    new = list(idx)
+    new[1] = _sum([_mul(_mod(idx[1], g), cg), _div(idx[1], g)])
+    return gen.at(node.inputs[0], new, stmts)
+
+
+def _reshape_map(idx: Sequence[str], out_shape: Sequence[int], in_shape: Sequence[int]) -> list[str]:
+    """Input index of a row-major reshape. Dims are matched in groups of equal product, so a reshape
+    that only inserts/removes 1s or splits/merges a few dims becomes a direct map."""
+    result = ["0"] * len(in_shape)
+    if math.prod(in_shape) == 0:
+        return result
+    outs = [(i, d) for i, d in zip(idx, out_shape, strict=True) if d != 1]
+    ins = [k for k, d in enumerate(in_shape) if d != 1]
+    oi = ii = 0
+    while oi < len(outs) and ii < len(ins):
+        og, ig = [outs[oi]], [ins[ii]]
+        oi, ii = oi + 1, ii + 1
+        po, pi = og[0][1], in_shape[ig[0]]
+        while po != pi:
+            if po < pi:
+                og.append(outs[oi])
+                po *= outs[oi][1]
+                oi += 1
+            else:
+                ig.append(ins[ii])
+                pi *= in_shape[ins[ii]]
+                ii += 1
+        if len(og) == 1 and len(ig) == 1:
+            result[ig[0]] = og[0][0]
+            continue
+        lin = _linearize([i for i, _ in og], [d for _, d in og])
+        for k, e in zip(ig, _delinearize(lin, [in_shape[k] for k in ig]), strict=True):
+            result[k] = e
+    return result
+
+
+def _reshape(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    in_shape, out_shape = _in_shape(node), _out_shape(node)
+    if math.prod(in_shape) != math.prod(out_shape):
+        raise TemplateError(f"{node.op_type}: {in_shape} and {out_shape} differ in size")
+    return gen.at(node.inputs[0], _reshape_map(idx, out_shape, in_shape), stmts)
+
+
+# ------------------------------------------------------------------------------------ Resize
+
+def _nearest(x: np.float32, mode: str, down: bool) -> int:
+    x = float(x)
+    if mode == "round_prefer_floor":
+        return math.floor(x) if x == math.floor(x) + 0.5 else _round_half_away(x)
+    if mode == "round_prefer_ceil":
+        return _round_half_away(x)
+    if mode == "floor":
+        return math.floor(x)
+    if mode == "ceil":
+        return math.ceil(x)
+    if mode == "simple":  # Upsample / Resize-10
+        return math.ceil(x) if down else int(x)
+    raise TemplateError(f"Resize: nearest_mode {mode!r} is not supported")
+
+
+def _round_half_away(x: float) -> int:  # std::round
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def _orig_coord(mode: str, i: int, scale: np.float32, n_out: int, n_in: int) -> np.float32:
+    f = np.float32
+    xr = f(i)
+    if mode == "half_pixel":
+        return (xr + f(0.5)) / scale - f(0.5)
+    if mode == "half_pixel_symmetric":
+        adj = f(n_out) / (scale * f(n_in))
+        center = f(n_in) / f(2)
+        offset = center * (f(1) - adj)
+        return offset + (xr + f(0.5)) / scale - f(0.5)
+    if mode == "asymmetric":
+        return xr / scale
+    if mode == "pytorch_half_pixel":
+        return (xr + f(0.5)) / scale - f(0.5) if n_out > 1 else f(0)
+    if mode == "tf_half_pixel_for_nn":
+        return (xr + f(0.5)) / scale
+    if mode == "align_corners":
+        return f(0) if n_out == 1 else xr * f(n_in - 1) / f(n_out - 1)
+    raise TemplateError(f"Resize: coordinate_transformation_mode {mode!r} is not supported")
+
+
+def _resize_common(gen: ExprGen, node: ir.Node, idx: list[str], stmts, *, mode: str, coord: str,
+                   nearest_mode: str, scales: list[np.float32]) -> str:
+    x = node.inputs[0]
+    in_shape, out_shape = value_shape(x), _out_shape(node)
+    rank = len(in_shape)
+    if mode == "nearest":
+        new = []
+        for d in range(rank):
+            n_in, n_out = in_shape[d], out_shape[d]
+            if n_in == n_out and scales[d] == 1:
+                new.append(idx[d])
+                continue
+            tab = []
+            for i in range(n_out):
+                xo = _orig_coord(coord, i, scales[d], n_out, n_in)
+                j = _nearest(xo, nearest_mode, bool(scales[d] < 1))
+                tab.append(min(max(j, 0), n_in - 1))
+            new.append(_bind(gen, _table(gen, tab, idx[d]), "int64_t", stmts))
+        return gen.at(x, new, stmts)
+    if mode != "linear":
+        raise TemplateError(f"Resize: mode {mode!r} is not supported (nearest and linear are)")
+    if value_dtype(x) not in ("float32", "float64"):
+        raise TemplateError("Resize: linear mode needs a float input")
+    # per axis: two taps (i0, i1) with weights (w0, w1), as onnxruntime computes them (float32)
+    taps: list[tuple[str, str, str, str] | None] = []
+    f = np.float32
+    for d in range(rank):
+        n_in, n_out = in_shape[d], out_shape[d]
+        if n_in == n_out and scales[d] == 1:
+            taps.append(None)
+            continue
+        i0s, i1s, w0s, w1s = [], [], [], []
+        for i in range(n_out):
+            xo = _orig_coord(coord, i, scales[d], n_out, n_in)
+            xo = f(max(f(0), min(xo, f(n_in - 1))))
+            i0 = min(int(xo), n_in - 1)
+            i1 = min(i0 + 1, n_in - 1)
+            w1, w0 = abs(xo - f(i0)), abs(xo - f(i1))
+            if i0 == i1:
+                w0, w1 = f(0.5), f(0.5)
+            i0s.append(i0)
+            i1s.append(i1)
+            w0s.append(f(w0))
+            w1s.append(f(w1))
+        taps.append((_bind(gen, _table(gen, i0s, idx[d]), "int64_t", stmts),
+                     _bind(gen, _table(gen, i1s, idx[d]), "int64_t", stmts),
+                     _bind(gen, _table(gen, w0s, idx[d], "float"), "float", stmts),
+                     _bind(gen, _table(gen, w1s, idx[d], "float"), "float", stmts)))
+    resized = [d for d in range(rank) if taps[d] is not None]
+    if not resized:
+        return gen.at(x, list(idx), stmts)
+    terms = []
+    for corner in range(1 << len(resized)):
+        new, ws = list(idx), []
+        for k, d in enumerate(resized):
+            i0, i1, w0, w1 = taps[d]
+            hi = (corner >> (len(resized) - 1 - k)) & 1
+            new[d] = i1 if hi else i0
+            ws.append(w1 if hi else w0)
+        # indices are clamped into range: the loads are unconditional
+        terms.append("(" + " * ".join([*ws, f"({gen.at(x, new, stmts)})"]) + ")")
+    return "(" + " + ".join(terms) + ")"
+
+
+def _resize(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    in_shape = value_shape(node.inputs[0])
+    rank = len(in_shape)
+    opset = _opset(node)
+    mode = _attr(node, "mode", "nearest")
+    if opset < 11:
+        s = _const_input(gen, node, 1, "scales")
+        scales = [f for f in s.astype(np.float32).reshape(-1)]
+        return _resize_common(gen, node, idx, stmts, mode=mode, coord="asymmetric", nearest_mode="simple",
+                              scales=scales)
+    coord = _attr(node, "coordinate_transformation_mode", "half_pixel")
+    if coord == "tf_crop_and_resize":
+        raise TemplateError("Resize: coordinate_transformation_mode tf_crop_and_resize is not supported")
+    if _attr(node, "antialias", 0):
+        raise TemplateError("Resize: antialias is not supported")
+    nearest_mode = _attr(node, "nearest_mode", "round_prefer_floor")
+    axes = _attr(node, "axes")
+    axes = list(range(rank)) if axes is None else [_axis(a, rank, node) for a in axes]
+    scales_in = _const_input(gen, node, 2, "scales")
+    sizes = _const_input(gen, node, 3, "sizes")
+    scales = [np.float32(1)] * rank
+    if scales_in is not None and scales_in.size:
+        for a, s in zip(axes, scales_in.astype(np.float32).reshape(-1), strict=True):
+            scales[a] = np.float32(s)
+    elif sizes is not None and sizes.size:
+        ratios = [np.float32(np.float32(int(s)) / np.float32(in_shape[a]))
+                  for a, s in zip(axes, sizes.reshape(-1), strict=True)]
+        policy = _attr(node, "keep_aspect_ratio_policy", "stretch")
+        if policy == "not_larger":
+            ratios = [min(ratios)] * len(axes)
+        elif policy == "not_smaller":
+            ratios = [max(ratios)] * len(axes)
+        elif policy != "stretch":
+            raise TemplateError(f"Resize: keep_aspect_ratio_policy {policy!r} is not supported")
+        for a, r in zip(axes, ratios, strict=True):
+            scales[a] = r
+    else:
+        raise TemplateError("Resize: one of the scales or sizes inputs must be a non-empty constant")
+    return _resize_common(gen, node, idx, stmts, mode=mode, coord=coord, nearest_mode=nearest_mode, scales=scales)
+
+
+def _upsample(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    if len(node.inputs) > 1:
+        s = _const_input(gen, node, 1, "scales")
+    else:
+        s = np.asarray(_attr(node, "scales"), dtype=np.float32)
+    scales = [f for f in s.astype(np.float32).reshape(-1)]
+    mode = _attr(node, "mode", "nearest")
+    return _resize_common(gen, node, idx, stmts, mode=mode, coord="asymmetric", nearest_mode="simple",
+                          scales=scales)
+
+
+INDEXED.update({
+    "Transpose": _transpose,
+    "Slice": _slice,
+    "Concat": _concat,
+    "Split": _split,
+    "Gather": _gather,
+    "GatherElements": _gather_elements,
+    "Pad": _pad,
+    "Expand": _expand,
+    "Tile": _tile,
+    "DepthToSpace": _depth_to_space,
+    "SpaceToDepth": _space_to_depth,
+    "Resize": _resize,
+    "Upsample": _upsample,
+    "dlcc::ChannelShuffle": _channel_shuffle,
+    "Reshape": _reshape,
+    "Flatten": _reshape,
+    "Squeeze": _reshape,
+    "Unsqueeze": _reshape,
+})

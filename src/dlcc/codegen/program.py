@@ -1,0 +1,267 @@
+"""C generation for a whole program: one C function per kernel, a ``dlcc_run`` entry point, a weights blob.
+
+What goes in: a kernel-IR ``Program`` and its ``MemoryPlan`` (arena offsets of the temporaries).
+What comes out: ``CSource`` — the C text of ``model.c`` (kernels + entry point), ``model.h``, the weights
+blob (every weight the kernels read, 64-byte aligned, including weights that templates repacked at
+compile time), and the figures the runtime needs (arena and weights bytes, inputs and outputs).
+
+Entry point (the ABI the Python runtime and the bundle's main.c call):
+
+    void dlcc_run(const void *const *inputs, void *const *outputs, void *arena, const void *weights);
+
+``inputs``/``outputs`` are in graph order; ``arena`` holds ``DLCC_ARENA_BYTES`` (64-byte aligned) and is
+owned by the caller, one per concurrent call; ``weights`` is the blob. Each buffer becomes a pointer into
+one of these four regions; each kernel takes the buffers it touches as ``restrict`` pointers named
+``p_<id>`` (ids, never model names; model names appear only in sanitized comments).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, contiguous_strides, ctype, indent, loops
+from dlcc.codegen.cbase import sanitize_comment as _c
+from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
+from dlcc.errors import DlccError
+from dlcc.lower.kir import Buffer, Kernel, Program, Step
+from dlcc.memory.planner import MemoryPlan
+
+__all__ = ["ALIGN", "CSource", "generate"]
+
+ALIGN = 64
+_PTR = re.compile(r"\bp_(\d+)\b")
+
+
+@dataclass
+class CSource:
+    source: str
+    header: str
+    weights: bytes
+    arena_bytes: int
+    inputs: list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape) in graph order
+    outputs: list[tuple[str, str, tuple[int, ...]]]
+    kernels: int = 0
+    weight_offsets: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256(self.source.encode())
+        h.update(hashlib.sha256(self.weights).digest())
+        return h.hexdigest()
+
+
+def prelude() -> str:
+    try:
+        import dlcc.codegen.injective  # noqa: F401  (registers index-map handlers and their helpers)
+    except ModuleNotFoundError:
+        pass
+
+    return ("#include <stdint.h>\n#include <stddef.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n"
+            + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))
+
+
+class _KernelGen:
+    def __init__(self, program: Program, weights: _Weights):
+        self.p = program
+        self.weights = weights
+
+    def ref(self, bid: int) -> TensorRef:
+        b = self.p.buffers[bid]
+        root, offset, strides = self.p.window(bid)
+        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset)
+
+    def kernel(self, k: Kernel) -> str:
+        names = Names()
+        refs: dict[ir.Value, TensorRef] = {}
+        for n in k.nodes:
+            for v in (*n.inputs, *n.outputs):
+                if v is not None and v in self.p.value_buffer:
+                    refs[v] = self.ref(self.p.value_buffer[v])
+        gen = ExprGen(refs, self.p.consts, names)
+        parts = []
+        for step in k.steps:
+            parts.append(self.step(step, gen, names))
+        return "\n".join(parts)
+
+    def step(self, step: Step, gen: ExprGen, names: Names) -> str:
+        if step.kind == "copy":
+            dst, src = self.ref(step.copy[0]), self.ref(step.copy[1])
+            if dst.shape == src.shape:
+                _, code = loops(dst.shape, names, lambda idx: f"{dst.at(idx)} = {src.at(idx)};")
+            else:  # a reshape copied into a graph output: same elements in row-major order
+                _, code = loops((dst.size,), names, lambda idx: f"{dst.flat(idx[0])} = {src.flat(idx[0])};")
+            return f"/* copy */\n{code}"
+        if step.kind == "loop":
+            v = step.outputs[0]
+            dst = gen.buffers[v]
+
+            def inner(idx):
+                gen.reset()
+                stmts: list[str] = []
+                expr = gen.compute(v, idx, stmts)
+                return "\n".join([*stmts, f"{dst.at(idx)} = {expr};"])
+            _, code = loops(dst.shape, names, inner)
+            return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{code}"
+        return self.template(step, gen, names)
+
+    def template(self, step: Step, gen: ExprGen, names: Names) -> str:
+        node = step.anchor
+        end = step.outputs[0]
+        a = node.outputs[0]
+        dst = gen.buffers[end]
+        operands: list[Operand | None] = []
+        for v in node.inputs:
+            if v is None:
+                operands.append(None)
+                continue
+            const = gen.const_of(v)
+            ref = gen.buffers.get(v)
+            if ref is None and const is not None and (node.op_type in NEEDS_BUFFERS or const.size > 1):
+                ref = self.ref(self.p.value_buffer[v]) if v in self.p.value_buffer else self.weights.add(const)
+                gen.buffers[v] = ref
+            if ref is not None:
+                operands.append(Operand.of(ref, const))
+            else:
+                operands.append(Operand(value_shape(v), value_dtype(v),
+                                        lambda idx, v=v: gen.at(v, idx, None), None, const))
+        shape = value_shape(a)
+        if dst.dtype == "float32" and dst.contiguous and dst.shape == shape:
+            scratch = dst
+        elif step.scratch is not None:
+            scratch = self.ref(step.scratch)
+        else:
+            raise DlccError("internal: a template step with a strided or non-float destination has no scratch")
+        direct = end is a and scratch is dst
+
+        def store(idx, val):
+            idx = [str(i) for i in idx]
+            if end is a:
+                return f"{dst.at(idx)} = {val};"
+            saved = gen._memo
+            gen._memo = {}
+            stmts: list[str] = []
+            tmp = names("e")
+            stmts.append(f"const float {tmp} = {val};")
+            gen.bound[a] = tmp
+            try:
+                expr = gen.compute(end, idx, stmts)
+            finally:
+                del gen.bound[a]
+                gen._memo = saved
+            return "{ " + " ".join(stmts) + f" {dst.at(idx)} = {expr}; }}"
+
+        call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
+                            lambda arr: self.weights.add(arr))
+        code = TEMPLATES[node.op_type](call)
+        return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
+
+
+class _Weights:
+    """The weights blob: arrays placed at 64-byte aligned offsets; returns TensorRefs on new buffers."""
+
+    def __init__(self, program: Program):
+        self.p = program
+        self.offsets: dict[int, int] = {}
+        self.size = 0
+
+    def add(self, array: np.ndarray) -> TensorRef:
+        array = np.ascontiguousarray(array)
+        bid = max(self.p.buffers) + 1
+        self.p.buffers[bid] = Buffer(bid, "weight", array.dtype.name, array.shape, "packed", data=array)
+        return TensorRef(f"p_{bid}", array.dtype.name, array.shape)
+
+    def layout(self, used: set[int]) -> bytes:
+        chunks = []
+        for bid in sorted(used):
+            b = self.p.buffers[bid]
+            if b.kind != "weight":
+                continue
+            self.offsets[bid] = self.size
+            data = np.ascontiguousarray(b.data, dtype=b.dtype).tobytes()
+            pad = (-len(data)) % ALIGN
+            chunks.append(data + b"\0" * pad)
+            self.size += len(data) + pad
+        return b"".join(chunks)
+
+
+def generate(program: Program, memory: MemoryPlan) -> CSource:
+    """The C source, header and weights blob of ``program`` placed by ``memory``."""
+    weights = _Weights(program)
+    kgen = _KernelGen(program, weights)
+    bodies = []
+    for k in program.kernels:
+        bodies.append(kgen.kernel(k))
+    used_per_kernel = [sorted({int(m) for m in _PTR.findall(body)}) for body in bodies]
+    used = {bid for u in used_per_kernel for bid in u}
+    for bid in program.inputs + program.outputs:
+        used.add(bid)
+    blob = weights.layout(used)
+
+    written = {program.root(b).id for k in program.kernels for b in k.writes}
+    funcs, calls = [], []
+    for k, body, roots in zip(program.kernels, bodies, used_per_kernel, strict=True):
+        params, args = [], []
+        for rid in roots:
+            b = program.buffers[rid]
+            ct = ctype(b.dtype)
+            const = "const " if rid not in written and b.kind != "output" else ""
+            params.append(f"{const}{ct}* restrict p_{rid}")
+            args.append(f"({const}{ct}*)({_address(b, program, memory, weights)})")
+        what = "+".join(k.ops) or "copy"
+        names_ = ", ".join(_c(n.name or "", 40) for n in k.nodes[:4])
+        funcs.append(f"/* kernel {k.id}: {_c(what, 120)} ({names_}) */\n"
+                     f"static void dlcc_k{k.id}({', '.join(params) or 'void'}) {{\n{indent(body)}\n}}\n")
+        calls.append(f"dlcc_k{k.id}({', '.join(args)});")
+    arena = memory.arena_bytes
+    source = (f"/* generated by dlcc: {len(program.kernels)} kernels, arena {arena} bytes, "
+              f"weights {weights.size} bytes */\n{prelude()}\n#include \"model.h\"\n\n" + "\n".join(funcs)
+              + "\nvoid dlcc_run(const void *const *inputs, void *const *outputs, void *arena, const void *weights) {\n"
+              + "    char *A = (char *)arena; const char *W = (const char *)weights;\n"
+              + "    (void)A; (void)W; (void)inputs; (void)outputs;\n"
+              + indent("\n".join(calls)) + "\n}\n"
+              + f"size_t dlcc_arena_bytes(void) {{ return {arena}; }}\n"
+              + f"size_t dlcc_weights_bytes(void) {{ return {weights.size}; }}\n")
+    ins = [(n, program.buffers[b].dtype, program.buffers[b].shape) for n, b in
+           zip(program.input_names, program.inputs, strict=True)]
+    outs = [(n, program.buffers[b].dtype, program.buffers[b].shape) for n, b in
+            zip(program.output_names, program.outputs, strict=True)]
+    header = _header(ins, outs, arena, weights.size)
+    return CSource(source, header, blob, arena, ins, outs, len(program.kernels), dict(weights.offsets))
+
+
+def _address(b: Buffer, p: Program, memory: MemoryPlan, weights: _Weights) -> str:
+    if b.kind == "input":
+        return f"inputs[{p.inputs.index(b.id)}]"
+    if b.kind == "output":
+        return f"outputs[{p.outputs.index(b.id)}]"
+    if b.kind == "weight":
+        return f"W + {weights.offsets[b.id]}"
+    if b.kind == "temp":
+        return f"A + {memory.offsets[b.id]}"
+    raise DlccError(f"internal: kernel parameter {b.id} is a view")
+
+
+def _header(ins, outs, arena: int, wbytes: int) -> str:
+    lines = ["/* generated by dlcc */", "#ifndef DLCC_MODEL_H", "#define DLCC_MODEL_H", "#include <stddef.h>",
+             "#include <stdint.h>", "",
+             f"#define DLCC_NUM_INPUTS {len(ins)}", f"#define DLCC_NUM_OUTPUTS {len(outs)}",
+             f"#define DLCC_ARENA_BYTES {arena}", f"#define DLCC_WEIGHTS_BYTES {wbytes}", ""]
+    for kind, items in (("INPUT", ins), ("OUTPUT", outs)):
+        for i, (name, dtype, shape) in enumerate(items):
+            size = int(np.prod(shape)) if shape else 1
+            lines.append(f"/* {kind.lower()} {i}: {_c(name)} {dtype}{list(shape)} */")
+            lines.append(f"#define DLCC_{kind}{i}_SIZE {size}")
+            lines.append(f"#define DLCC_{kind}{i}_BYTES {size * np.dtype(dtype).itemsize}")
+    lines += ["",
+              "void dlcc_run(const void *const *inputs, void *const *outputs, void *arena, const void *weights);",
+              "size_t dlcc_arena_bytes(void);", "size_t dlcc_weights_bytes(void);", "", "#endif", ""]
+    return "\n".join(lines)
+
+
+del contiguous_strides

@@ -1,0 +1,203 @@
+"""Pooling templates: MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, LRN (ONNX semantics, float32).
+
+What goes in: a ``TemplateCall`` whose input 0 is a buffer of shape (N, C, spatial...). What comes out: C
+that computes every output element once and hands it to ``store``.
+
+MaxPool/AveragePool (any spatial rank) accumulate each (n, c) output plane in ``call.scratch`` with the
+windowed loop nest of ``conv.window_nest``: loops (k0, t0, k1, t1, ...) over kernel taps and the output
+positions whose input position is inside the input (ranges precomputed at compile time), so the innermost
+loop is branch-free and contiguous on the output. The output size comes from the output shape, which already
+reflects ceil_mode (a window that would start in the right padding is dropped). AveragePool divides by a
+per-dim count product: in-bounds taps (count_include_pad=0) or taps inside the padded input, excluding the
+ceil_mode overhang (count_include_pad=1, as onnxruntime does).
+Global pools and the LRN channel-window sums accumulate in local partial sums; sums run in a different
+order than onnxruntime (tests use rtol 1e-4 for the averaging ops, DESIGN: reductions).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dlcc.codegen.cbase import TemplateError, c_float, indent, loops
+from dlcc.codegen.templates import TemplateCall, register
+from dlcc.codegen.templates.conv import _flat_ok, _ints, _plane_init, _ptr, _table, spatial_pads, window_dim, window_nest
+
+
+def _input(call: TemplateCall):
+    if call.out_dtype != "float32":
+        raise TemplateError(f"{call.node.op_type}: only float32 outputs are supported")
+    x = call.inputs[0] if call.inputs else None
+    if x is None or x.ref is None:
+        raise TemplateError(f"{call.node.op_type}: input X must be a buffer")
+    if x.dtype != "float32":
+        raise TemplateError(f"{call.node.op_type}: only float32 inputs are supported")
+    if len(x.shape) < 3:
+        raise TemplateError(f"{call.node.op_type}: input rank {len(x.shape)} < 3 is not supported")
+    if tuple(call.out_shape[:2]) != tuple(x.shape[:2]):
+        raise TemplateError(f"{call.node.op_type}: output shape {call.out_shape} does not match input {x.shape}")
+    return x.ref
+
+
+def _nc_loops(call: TemplateCall, N: int, C: int, body) -> str:
+    n = call.names("n") if N > 1 else "0"
+    c = call.names("c") if C > 1 else "0"
+    code = body(n, c)
+    if C > 1:
+        code = f"for (int64_t {c} = 0; {c} < {C}; ++{c}) {{\n{indent(code)}\n}}"
+    if N > 1:
+        code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
+    return code
+
+
+@register("MaxPool", "AveragePool", needs_buffers=True)
+def pool(call: TemplateCall) -> str:
+    op = call.node.op_type
+    xref = _input(call)
+    if op == "MaxPool" and len(call.node.outputs) > 1:
+        idx_out = call.node.outputs[1]
+        if idx_out is not None and idx_out.name and (idx_out.uses() or idx_out.is_graph_output()):
+            raise TemplateError("MaxPool: the Indices output is not supported")
+    N, C, *ins = xref.shape
+    outs = list(call.out_shape[2:])
+    r = len(ins)
+    ks = call.attr("kernel_shape")
+    if ks is None:
+        raise TemplateError(f"{op}: kernel_shape is required")
+    ks = [int(k) for k in ks]
+    if len(ks) != r:
+        raise TemplateError(f"{op}: kernel_shape has {len(ks)} dims for {r} spatial dims")
+    strides = _ints(call, "strides", r, 1)
+    dils = _ints(call, "dilations", r, 1)
+    if min(strides) < 1 or min(dils) < 1 or min(ks) < 1:
+        raise TemplateError(f"{op}: kernel_shape, strides and dilations must be >= 1")
+    pb, pe = spatial_pads(call, ins, outs, ks, strides, dils)
+    ceil_mode = int(call.attr("ceil_mode", 0))
+    for i, o, k, s, d, a, e in zip(ins, outs, ks, strides, dils, pb, pe, strict=True):
+        span = i + a + e - ((k - 1) * d + 1)
+        expect = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (expect - 1) * s >= i + a:
+            expect -= 1  # the last window would start in the right padding: dropped
+        if expect != o:
+            raise TemplateError(f"{op}: output shape {call.out_shape} inconsistent with the attributes")
+    names = call.names
+    sref = call.scratch
+    dims = [window_dim(o, i, s, d, p, k, t_is_out=True, ostride=os_, istride=is_)
+            for o, i, s, d, p, k, os_, is_ in zip(outs, ins, strides, dils, pb, ks, sref.strides[2:],
+                                                  xref.strides[2:], strict=True)]
+    decls: list[str] = []
+    zeros = ["0"] * r
+    if op == "MaxPool":
+        init, stmt = "(-INFINITY)", lambda o, x: f"{o[0]} = {x} > {o[0]} ? {x} : {o[0]};"
+    else:
+        init, stmt = "0.0f", lambda o, x: f"{o[0]} += {x};"
+        include = int(call.attr("count_include_pad", 0))
+        counts = []
+        for i, o, k, s, d, a, e in zip(ins, outs, ks, strides, dils, pb, pe, strict=True):
+            lo, hi = (0, i) if not include else (-a, i + e)
+            counts.append([sum(1 for j in range(k) if lo <= t * s - a + j * d < hi) for t in range(o)])
+
+    def body(n: str, c: str) -> str:
+        parts = [_plane_init(call, [n, c], init)]
+        parts.append(window_nest(names, dims, [_ptr(sref, [n, c, *zeros])], _ptr(xref, [n, c, *zeros]),
+                                 lambda kk: "", stmt, decls))
+        if op == "MaxPool":
+            if not call.direct:
+                _, st = loops(outs, names, lambda idx: call.store([n, c, *idx], sref.at([n, c, *idx])), "s")
+                parts.append(st)
+        else:
+            def fin(idx: list[str]) -> str:
+                cnt = [_table(names, decls, cs, i) for cs, i in zip(counts, idx, strict=True)]
+                val = f"{sref.at([n, c, *idx])} / (float)({' * '.join(cnt)})"
+                if call.direct:
+                    return f"{sref.at([n, c, *idx])} = {val};"
+                return call.store([n, c, *idx], val)
+            parts.append(loops(outs, names, fin, "s")[1])
+        return "\n".join(parts)
+
+    code = _nc_loops(call, N, C, body)
+    return "\n".join([*decls, code])
+
+
+LANES = 8  # partial sums of the global reductions (a vectorizable accumulator)
+
+
+@register("GlobalAveragePool", "GlobalMaxPool", needs_buffers=True)
+def global_pool(call: TemplateCall) -> str:
+    op = call.node.op_type
+    xref = _input(call)
+    N, C, *ins = xref.shape
+    if any(d != 1 for d in call.out_shape[2:]) or len(call.out_shape) != xref.rank:
+        raise TemplateError(f"{op}: output shape {call.out_shape} is not (N, C, 1, ...)")
+    P = math.prod(ins)
+    if P == 0:
+        raise TemplateError(f"{op}: empty spatial extent")
+    is_max = op == "GlobalMaxPool"
+    names = call.names
+    ones = ["0"] * len(ins)
+
+    def body(n: str, c: str) -> str:
+        acc, res = names("acc"), names("r")
+        combine = ((lambda a, x: f"{a} = {x} > {a} ? {x} : {a};") if is_max else (lambda a, x: f"{a} += {x};"))
+        init = "(-INFINITY)" if is_max else "0.0f"
+        lines = []
+        if _flat_ok(xref, 2) and P >= LANES:
+            xp, i, j = names("px"), names("p"), names("l")
+            full = P // LANES * LANES
+            lines += [f"const float* restrict {xp} = {_ptr(xref, [n, c, *ones])};",
+                      f"float {acc}[{LANES}];",
+                      f"for (int64_t {j} = 0; {j} < {LANES}; ++{j}) {acc}[{j}] = {xp}[{j}];",
+                      f"for (int64_t {i} = {LANES}; {i} < {full}; {i} += {LANES}) {{",
+                      indent(f"for (int64_t {j} = 0; {j} < {LANES}; ++{j}) {{\n"
+                             f"{indent(combine(f'{acc}[{j}]', f'{xp}[{i} + {j}]'))}\n}}"),
+                      "}",
+                      f"float {res} = {acc}[0];",
+                      f"for (int64_t {j} = 1; {j} < {LANES}; ++{j}) {combine(res, f'{acc}[{j}]')}"]
+            if full < P:
+                lines.append(f"for (int64_t {i} = {full}; {i} < {P}; ++{i}) {combine(res, f'{xp}[{i}]')}")
+        else:
+            lines.append(f"float {res} = {init};")
+            lines.append(loops(ins, names, lambda idx: combine(res, xref.at([n, c, *idx])), "s")[1])
+        val = res if is_max else f"{res} / {c_float(P)}"
+        lines.append(call.store([n, c, *ones], val))
+        return "\n".join(lines)
+
+    return _nc_loops(call, N, C, body)
+
+
+@register("LRN", needs_buffers=True)
+def lrn(call: TemplateCall) -> str:
+    xref = _input(call)
+    if tuple(call.out_shape) != tuple(xref.shape):
+        raise TemplateError(f"LRN: output shape {call.out_shape} != input shape {xref.shape}")
+    size = call.attr("size")
+    if size is None or int(size) < 1:
+        raise TemplateError("LRN: attribute size (>= 1) is required")
+    size = int(size)
+    alpha = float(call.attr("alpha", 0.0001))
+    beta = float(call.attr("beta", 0.75))
+    bias = float(call.attr("bias", 1.0))
+    N, C, *sp = xref.shape
+    names = call.names
+    sref = call.scratch
+    half_lo, half_hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    scale = c_float(alpha / size)
+
+    def body(n: str, c: str) -> str:
+        cc = names("cc")
+        lines = [_plane_init(call, [n, c], "0.0f")]
+        lo = f"({c} - {half_lo} > 0 ? {c} - {half_lo} : 0)" if half_lo else c
+        hi = f"({c} + {half_hi} < {C - 1} ? {c} + {half_hi} : {C - 1})" if half_hi else c
+
+        def acc(idx: list[str]) -> str:
+            return f"{{ const float xv = {xref.at([n, cc, *idx])}; {sref.at([n, c, *idx])} += xv * xv; }}"
+        inner = loops(sp, names, acc, "s")[1]
+        lines.append(f"for (int64_t {cc} = {lo}; {cc} <= {hi}; ++{cc}) {{\n{indent(inner)}\n}}")
+
+        def fin(idx: list[str]) -> str:
+            val = (f"{xref.at([n, c, *idx])} * powf({c_float(bias)} + {scale} * {sref.at([n, c, *idx])}, "
+                   f"{c_float(-beta)})")
+            return call.store([n, c, *idx], val)
+        lines.append(loops(sp, names, fin, "s")[1])
+        return "\n".join(lines)
+
+    return _nc_loops(call, N, C, body)

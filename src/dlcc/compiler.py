@@ -1,0 +1,136 @@
+"""``dlcc.compile``: ONNX model -> optimized graph -> fusion plan -> kernel IR -> memory plan -> C -> library.
+
+What goes in: a model (path, bytes, ModelProto or onnx_ir model — an onnx_ir model is copied, not
+changed) and options: ``input_shapes`` to fix symbolic dims, ``fusion`` (auto | tvm | dnnfusion),
+``portable`` (generic compiler flags instead of -march=native), ``level`` (graph optimization level).
+What comes out: ``Artifacts`` (every stage's result, for the bundle writer, reports and tests), from
+``build_artifacts``; ``compile`` returns the loaded ``CompiledModel``.
+
+Errors before any C is generated: symbolic dims name the input and suggest ``--input-shape``; every
+unsupported op is listed at once with its count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from dlcc.errors import DlccError
+
+__all__ = ["Artifacts", "build_artifacts", "compile_model"]
+
+
+@dataclass
+class Artifacts:
+    model: ir.Model
+    plan: object  # FusionPlan
+    program: object  # kir.Program
+    memory: object  # MemoryPlan
+    csource: object  # CSource
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def info(self) -> dict:
+        m = self.memory
+        return {
+            "kernels": len(self.program.kernels),
+            "nodes": len(self.model.graph),
+            "fusion": self.plan.planner,
+            "arena_bytes": m.arena_bytes,
+            "lower_bound_bytes": m.lower_bound,
+            "no_reuse_bytes": m.no_reuse_bytes,
+            "weights_bytes": len(self.csource.weights),
+            "timings": dict(self.timings),
+        }
+
+
+def _copy(model: ir.Model) -> ir.Model:
+    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+
+
+def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
+                    level: int = 3, on_stage: Callable[[str], None] | None = None) -> Artifacts:
+    from dlcc.api import optimize
+    from dlcc.codegen.program import generate
+    from dlcc.frontend.load import load
+    from dlcc.frontend.shapes import set_input_shapes, symbolic_inputs
+    from dlcc.fusion import plan_fusion
+    from dlcc.lower.lower import lower, unsupported_ops
+    from dlcc.memory.schedule import plan_program_memory
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        timings[name] = now - t
+        t = now
+        if on_stage:
+            on_stage(name)
+
+    m = _copy(model) if isinstance(model, ir.Model) else load(model)
+    if input_shapes:
+        set_input_shapes(m, input_shapes)
+    symbolic = symbolic_inputs(m)
+    if symbolic:
+        name, dims = next(iter(symbolic.items()))
+        example = ",".join(str(d) if isinstance(d, int) else "N" for d in dims) or "..."
+        raise DlccError(f"input '{name}' has a symbolic shape {dims}: compilation needs static shapes",
+                        hint=f"fix it with --input-shape {name}={example.replace('N', '1')} "
+                             f"(input_shapes={{'{name}': [...]}} in Python)")
+    stage("load")
+    optimize(m, level=level, target="dlcc-c", emit=lambda s: None)
+    _lift_constants(m)
+    stage("optimize")
+    missing = unsupported_ops(m.graph)
+    if missing:
+        listing = ", ".join(f"{op} ({n})" for op, n in sorted(missing.items()))
+        raise DlccError(f"the C backend does not support {sum(missing.values())} node(s): {listing}",
+                        hint="`dlcc optimize` still writes optimized ONNX for this model")
+    _check_static(m)
+    plan = plan_fusion(m, fusion)
+    stage("fusion")
+    program = lower(m, plan)
+    stage("lower")
+    memory = plan_program_memory(program)
+    stage("memory")
+    csource = generate(program, memory)
+    stage("codegen")
+    return Artifacts(m, plan, program, memory, csource, timings)
+
+
+def _lift_constants(m: ir.Model) -> None:
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
+
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(m)
+
+
+def _check_static(m: ir.Model) -> None:
+    for node in m.graph:
+        for v in node.outputs:
+            if v.shape is None or not all(isinstance(d, int) for d in v.shape) or v.dtype is None:
+                raise DlccError(f"the shape of '{v.name}' (output of {node.op_type}) is not static after "
+                                "shape inference", hint="fix the input shapes with --input-shape")
+
+
+def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
+                  portable: bool = False, level: int = 3, on_stage: Callable[[str], None] | None = None):
+    """Compile ``model`` to a ``CompiledModel`` (see the module docstring)."""
+    import numpy as np
+
+    from dlcc.build.cc import build_shared
+    from dlcc.build.runtime import CompiledModel, aligned_empty
+
+    art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage)
+    t = time.perf_counter()
+    lib = build_shared({"model.c": art.csource.source, "model.h": art.csource.header}, portable=portable)
+    art.timings["cc"] = time.perf_counter() - t
+    blob = art.csource.weights
+    weights = aligned_empty(max(len(blob), 1))
+    weights[:len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+    cm = CompiledModel(lib, art.csource.inputs, art.csource.outputs, art.csource.arena_bytes, weights, art.info())
+    cm.artifacts = art  # type: ignore[attr-defined]
+    return cm

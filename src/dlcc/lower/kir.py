@@ -1,0 +1,181 @@
+"""Kernel IR: buffers, kernels (one per fusion group) made of steps, and the call schedule.
+
+What goes in: built by ``dlcc.lower.lower`` from a graph and its FusionPlan.
+What comes out: a ``Program`` that the memory planner places, the C generator prints, and the numpy
+interpreter (``dlcc.lower.interp``) runs.
+
+    Program
+      buffers   id -> Buffer(kind input | output | weight | temp | view, dtype, shape)
+                a view is a window (element offset, element strides) on another buffer: Reshape-like ops
+                and Concat inputs written in place are views, so they cost no copy
+      kernels   in call order; a kernel = one fusion group = one C function, made of steps:
+                  loop      one loop nest over a materialized value; its element is an inlined expression
+                            of the group's elementwise/injective ops reading buffers
+                  template  a named kernel template (Conv, MatMul, Softmax, ...) for the group's anchor,
+                            with its elementwise epilogue (bias, activation, residual add) applied to each
+                            result before it is stored — the kernel owns its epilogue
+      inputs / outputs      buffer ids in graph order
+
+Invariants (``verify_program``): every buffer a kernel reads is a graph input or weight, or is written by
+an earlier kernel (or earlier in the same kernel); views stay inside their base; each graph output is
+written; a buffer is written by one kernel only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import contiguous_strides, sanitize_comment
+from dlcc.errors import PassError
+
+__all__ = ["Buffer", "Kernel", "Program", "Step", "print_program", "verify_program"]
+
+KINDS = ("input", "output", "weight", "temp", "view")
+
+
+@dataclass
+class Buffer:
+    id: int
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    name: str = ""  # the ONNX value name: for comments and messages only, never a C identifier
+    base: int | None = None  # views: the buffer viewed
+    offset: int = 0  # views: elements into the base
+    strides: tuple[int, ...] = ()  # element strides (contiguous when empty)
+    data: np.ndarray | None = None  # weights
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise PassError(f"kernel IR: unknown buffer kind {self.kind}")
+        self.shape = tuple(int(d) for d in self.shape)
+        if not self.strides:
+            self.strides = contiguous_strides(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape) or self.size <= 1
+
+
+@dataclass
+class Step:
+    kind: str  # "loop" | "template" | "copy"
+    outputs: list[ir.Value]  # the values this step materializes (a template: the epilogue's end value)
+    anchor: ir.Node | None = None  # template steps: the node the template computes
+    nodes: list[ir.Node] = field(default_factory=list)  # the group nodes this step computes (incl. inlined)
+    copy: tuple[int, int] | None = None  # copy steps: (destination buffer, source buffer)
+    scratch: int | None = None  # template steps whose destination is strided or not float32: an accumulator
+
+    def describe(self) -> str:
+        ops = "+".join(n.op_type for n in self.nodes) or "-"
+        return f"{self.kind}{'(' + self.anchor.op_type + ')' if self.anchor else ''} [{ops}]"
+
+
+@dataclass
+class Kernel:
+    id: int
+    group: int  # the fusion group id
+    steps: list[Step]
+    reads: list[int] = field(default_factory=list)  # buffer ids (views included)
+    writes: list[int] = field(default_factory=list)
+    nodes: list[ir.Node] = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[str]:
+        return [n.op_type for n in self.nodes]
+
+
+@dataclass
+class Program:
+    buffers: dict[int, Buffer]
+    kernels: list[Kernel]
+    inputs: list[int]
+    outputs: list[int]
+    value_buffer: dict[ir.Value, int]  # materialized values -> buffer ids
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+    consts: dict[ir.Value, np.ndarray] = field(default_factory=dict)
+
+    def root(self, bid: int) -> Buffer:
+        b = self.buffers[bid]
+        while b.kind == "view":
+            b = self.buffers[b.base]
+        return b
+
+    def window(self, bid: int) -> tuple[Buffer, int, tuple[int, ...]]:
+        """(root buffer, element offset into it, element strides) of buffer ``bid``."""
+        b = self.buffers[bid]
+        offset, strides = 0, b.strides
+        while b.kind == "view":
+            offset += b.offset
+            b = self.buffers[b.base]
+        return b, offset, strides
+
+
+def verify_program(p: Program) -> None:
+    """Check the invariants of the module docstring; raise PassError naming the first broken one."""
+    written: dict[int, int] = {}
+    avail = {b.id for b in p.buffers.values() if b.kind in ("input", "weight")}
+    for b in p.buffers.values():
+        if b.kind == "view":
+            if b.base not in p.buffers:
+                raise PassError(f"kernel IR: view {b.id} of missing buffer {b.base}")
+            base = p.buffers[b.base]
+            if b.size:
+                last = b.offset + sum((d - 1) * s for d, s in zip(b.shape, b.strides, strict=True))
+                if b.offset < 0 or last >= base.size:
+                    raise PassError(f"kernel IR: view {b.id} ({b.shape} at {b.offset}) leaves buffer {base.id}")
+            if base.dtype != b.dtype:
+                raise PassError(f"kernel IR: view {b.id} is {b.dtype} but its base is {base.dtype}")
+    for k in p.kernels:
+        for bid in k.reads:
+            root = p.root(bid).id
+            if bid not in avail and root not in avail and bid not in k.writes:
+                raise PassError(f"kernel IR: kernel {k.id} reads buffer {bid} before anything writes it")
+        for bid in k.writes:
+            if bid in written:
+                raise PassError(f"kernel IR: buffer {bid} written by kernels {written[bid]} and {k.id}")
+            if p.buffers[bid].kind in ("input", "weight"):
+                raise PassError(f"kernel IR: kernel {k.id} writes read-only buffer {bid}")
+            written[bid] = k.id
+            avail.add(bid)
+            # writing a view makes its base (partly) available: the base is complete when all its views are
+            b = p.buffers[bid]
+            while b.kind == "view":
+                avail.add(b.base)
+                b = p.buffers[b.base]
+    for bid in p.outputs:
+        if bid not in avail:
+            raise PassError(f"kernel IR: graph output buffer {bid} is never written")
+
+
+def print_program(p: Program, memory=None) -> str:
+    """A readable listing: buffers (with arena offsets when a MemoryPlan is given), then kernels and steps."""
+    lines = [f"program: {len(p.kernels)} kernels, {len(p.buffers)} buffers"]
+    for b in sorted(p.buffers.values(), key=lambda b: b.id):
+        where = ""
+        if b.kind == "view":
+            where = f" = view of b{b.base} at +{b.offset} strides {list(b.strides)}"
+        elif b.kind == "temp" and memory is not None and b.id in memory.offsets:
+            where = f" @ arena+{memory.offsets[b.id]}"
+        lines.append(f"  b{b.id:<4} {b.kind:<6} {b.dtype}{list(b.shape)}{where}  # {sanitize_comment(b.name)}")
+    for k in p.kernels:
+        reads = ", ".join(f"b{i}" for i in k.reads)
+        writes = ", ".join(f"b{i}" for i in k.writes)
+        lines.append(f"  k{k.id} (group {k.group}): ({reads}) -> ({writes})")
+        for s in k.steps:
+            outs = f"b{s.copy[0]} <- b{s.copy[1]}" if s.copy else ", ".join(f"b{p.value_buffer[v]}" for v in s.outputs)
+            lines.append(f"    {s.describe()} -> {outs}")
+    return "\n".join(lines)

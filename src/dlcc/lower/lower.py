@@ -1,0 +1,308 @@
+"""Lowering: graph IR + FusionPlan -> kernel IR (one kernel per group, explicit buffers, views).
+
+What goes in: an onnx_ir model with static shapes (constants as initializers) and a FusionPlan of its graph.
+What comes out: a verified ``Program`` (see ``dlcc.lower.kir``).
+
+Algorithm, per group (in the plan's topological order):
+1. Decide which values of the group are *materialized* (get a buffer): the group's outputs, the inputs of
+   templates that address raw buffers (Conv, MatMul, pools: ``NEEDS_BUFFERS``), and the results of
+   templates. Every other value is *inlined*: computed inside the loop nest of its consumer.
+2. Epilogues: a template's result followed, in the group, by a single-use chain of elementwise ops of the
+   same shape (bias Add, folded BN Mul/Add, Relu, residual Add, ...) is not materialized; the template
+   step stores the end of the chain instead (the template hands each finished element to the epilogue).
+3. Memory forwarding: a materialized output of Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout is a
+   view of its input's buffer (the input is materialized instead) — no copy, no step. Graph outputs are
+   never views of temporaries: they get a copy step so the caller's output array holds the data.
+4. Steps: one ``template`` step per template (placed where its epilogue ends), one ``loop`` step per
+   other materialized value, in group order.
+Then, program-wide, Concat in place: a Concat alone in its group whose inputs are each written by one
+earlier kernel step and read only by that Concat becomes a no-op: each input becomes a view (offset,
+strides) into the Concat's buffer, so the producers write straight into their slice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx_ir as ir
+
+from dlcc.codegen.cbase import contiguous_strides
+from dlcc.codegen.expr import ELEMENTWISE, INDEXED, value_dtype, value_shape
+from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES
+from dlcc.errors import DlccError
+from dlcc.fusion.plan import FusionPlan
+from dlcc.lower.kir import Buffer, Kernel, Program, Step, verify_program
+
+__all__ = ["RESHAPE_LIKE", "lower", "op_key", "supported", "unsupported_ops"]
+
+RESHAPE_LIKE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+
+def op_key(node: ir.Node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def supported(node: ir.Node) -> bool:
+    key = op_key(node)
+    if key == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
+        return False
+    return key in ELEMENTWISE or key in INDEXED or key in TEMPLATES or key in RESHAPE_LIKE or key == "Constant"
+
+
+def unsupported_ops(graph: ir.Graph) -> Counter:
+    """Op type -> count of the nodes the C backend cannot compile (all of them, so one error lists all)."""
+    return Counter(op_key(n) for n in graph if not supported(n))
+
+
+def _is_template(node: ir.Node) -> bool:
+    return op_key(node) in TEMPLATES
+
+
+def _elementwise(node: ir.Node) -> bool:
+    return op_key(node) in ELEMENTWISE or op_key(node) == "BatchNormalization"
+
+
+class _Lowering:
+    def __init__(self, model: ir.Model, plan: FusionPlan):
+        self.model = model
+        self.graph = model.graph
+        self.plan = plan
+        self.buffers: dict[int, Buffer] = {}
+        self.value_buffer: dict[ir.Value, int] = {}
+        self.consts: dict[ir.Value, np.ndarray] = {}
+        self.graph_outputs = set(self.graph.outputs)
+        self.graph_inputs = set(self.graph.inputs)
+        for v in self.graph.initializers.values():
+            if v.const_value is not None and v not in self.graph_inputs:
+                self.consts[v] = v.const_value.numpy()
+
+    # ------------------------------------------------------------------ buffers
+    def new_buffer(self, kind: str, dtype: str, shape, name: str = "", **kw) -> int:
+        bid = len(self.buffers)
+        self.buffers[bid] = Buffer(bid, kind, dtype, tuple(shape), name, **kw)
+        return bid
+
+    def buffer_of(self, v: ir.Value) -> int:
+        """The buffer of ``v``, created on first use (inputs, weights and temps; views are set explicitly)."""
+        bid = self.value_buffer.get(v)
+        if bid is not None:
+            return bid
+        if v in self.consts:
+            bid = self.new_buffer("weight", value_dtype(v), value_shape(v), v.name, data=self.consts[v])
+        elif v in self.graph_inputs:
+            bid = self.new_buffer("input", value_dtype(v), value_shape(v), v.name)
+        elif v in self.graph_outputs:
+            bid = self.new_buffer("output", value_dtype(v), value_shape(v), v.name)
+        else:
+            bid = self.new_buffer("temp", value_dtype(v), value_shape(v), v.name)
+        self.value_buffer[v] = bid
+        return bid
+
+    # ------------------------------------------------------------------ groups
+    def lower_group(self, group, kid: int) -> Kernel | None:
+        nodes = [n for n in group.nodes if n.op_type != "Constant"]
+        for n in group.nodes:
+            if n.op_type == "Constant":
+                for v in n.outputs:
+                    self.consts[v] = _constant_value(n)
+        if not nodes:
+            return None
+        members = set(nodes)
+        order = {n: i for i, n in enumerate(nodes)}
+
+        def uses_in(v: ir.Value) -> list[ir.Node]:
+            return [u.node for u in v.uses() if u.node in members]
+
+        need: set[ir.Value] = {v for v in group.outputs if v not in self.consts}
+        for n in nodes:
+            if op_key(n) in NEEDS_BUFFERS:
+                need.update(v for v in n.inputs if v is not None)
+            for extra in n.outputs[1:] if _is_template(n) else ():
+                if extra.uses() or extra in self.graph_outputs:
+                    raise DlccError(f"{n.op_type}: only output 0 is supported by the C backend "
+                                    f"(output {extra.index()} is used)")
+        changed = True
+        while changed:  # a reshape-like output held in a buffer is a view: its input gets the buffer
+            changed = False
+            for n in nodes:
+                if op_key(n) in RESHAPE_LIKE and n.outputs[0] in need and n.inputs[0] not in need:
+                    need.add(n.inputs[0])
+                    changed = True
+        epilogue_end: dict[ir.Node, ir.Value] = {}
+        for n in nodes:
+            if not _is_template(n):
+                continue
+            cur = n.outputs[0]
+            shape = value_shape(cur)
+            while cur not in need:
+                users = uses_in(cur)
+                if len(users) != 1 or len(cur.uses()) != 1:
+                    break
+                c = users[0]
+                if not _elementwise(c) or len(c.outputs) != 1 or value_shape(c.outputs[0]) != shape:
+                    break
+                cur = c.outputs[0]
+            need.add(cur)
+            epilogue_end[n] = cur
+        chain_ends = {end for a, end in epilogue_end.items() if end is not a.outputs[0]}
+
+        steps: list[tuple[int, Step]] = []
+        kernel = Kernel(kid, group.id, [], nodes=nodes)
+        copies: list[tuple[ir.Value, ir.Value]] = []  # (graph output, the value it copies)
+        for n in nodes:
+            key = op_key(n)
+            if _is_template(n):
+                end = epilogue_end[n]
+                chain = [n]
+                cur = n.outputs[0]
+                while cur is not end:
+                    cur = uses_in(cur)[0].outputs[0]
+                    chain.append(cur.producer())
+                steps.append((order[end.producer()], Step("template", [end], n, chain)))
+                continue
+            if key in RESHAPE_LIKE and n.outputs[0] in need:
+                y, x = n.outputs[0], n.inputs[0]
+                if y in self.graph_outputs:
+                    copies.append((y, x))
+                    continue
+                base = self.buffer_of(x)
+                if not self.buffers[base].contiguous:
+                    raise DlccError("internal: a reshape of a strided view")
+                self.value_buffer[y] = self.new_buffer("view", value_dtype(y), value_shape(y), y.name, base=base)
+                continue
+            for v in n.outputs:
+                if v in need and v not in chain_ends:
+                    steps.append((order[n], Step("loop", [v], None, [n])))
+        steps.sort(key=lambda t: t[0])
+        kernel.steps = [s for _, s in steps]
+        for y, x in copies:
+            kernel.steps.append(Step("copy", [y], None, [], (self.buffer_of(y), self.buffer_of(x))))
+        return kernel
+
+    # ------------------------------------------------------------------ program
+    def run(self) -> Program:
+        kernels = []
+        for g in self.plan.groups:
+            k = self.lower_group(g, len(kernels))
+            if k is not None:
+                kernels.append(k)
+        inputs = [self.buffer_of(v) for v in self.graph.inputs]
+        outputs: list[int] = []
+        tail = Kernel(len(kernels), -1, [], nodes=[])
+        for v in self.graph.outputs:
+            bid = self.buffer_of(v)
+            if bid in outputs or self.buffers[bid].kind != "output":
+                # the same value listed twice, or a graph input/weight returned as is: copy into a fresh buffer
+                dst = self.new_buffer("output", value_dtype(v), value_shape(v), v.name)
+                tail.steps.append(Step("copy", [v], None, [], (dst, bid)))
+                tail.writes.append(dst)
+                tail.reads.append(bid)
+                bid = dst
+            outputs.append(bid)
+        for k in kernels:
+            self._fill_rw(k)
+        if tail.steps:
+            kernels.append(tail)
+        program = Program(self.buffers, kernels, inputs, outputs, self.value_buffer,
+                          [v.name for v in self.graph.inputs], [v.name for v in self.graph.outputs], self.consts)
+        _concat_in_place(program)
+        self._scratch(program)
+        verify_program(program)
+        return program
+
+    def _scratch(self, p: Program) -> None:
+        """Template steps whose destination is strided (a Concat slice) or not float32 accumulate in a temp."""
+        for k in p.kernels:
+            for s in k.steps:
+                if s.kind != "template":
+                    continue
+                dst = p.buffers[p.value_buffer[s.outputs[0]]]
+                shape = value_shape(s.anchor.outputs[0])
+                if dst.dtype == "float32" and p.window(dst.id)[2] == contiguous_strides(dst.shape) \
+                        and dst.shape == shape:
+                    continue
+                s.scratch = self.new_buffer("temp", "float32", shape, "scratch")
+                k.writes.append(s.scratch)
+
+    def _fill_rw(self, k: Kernel) -> None:
+        members = set(k.nodes)
+        writes: list[int] = []
+        reads: list[int] = []
+        for s in k.steps:
+            if s.copy:
+                writes.append(s.copy[0])
+                reads.append(s.copy[1])
+                continue
+            writes.extend(self.buffer_of(v) for v in s.outputs)
+        for n in k.nodes:
+            for v in n.inputs:
+                if v is None or (v.producer() in members and v not in self.value_buffer):
+                    continue
+                if v in self.consts and v not in self.value_buffer and _scalar(self.consts[v]):
+                    continue  # inlined as a literal
+                bid = self.buffer_of(v)
+                if bid not in writes:
+                    reads.append(bid)
+        k.writes = list(dict.fromkeys(writes))
+        k.reads = list(dict.fromkeys(reads))
+
+
+def _scalar(a: np.ndarray) -> bool:
+    return a.size == 1
+
+
+def _constant_value(node: ir.Node) -> np.ndarray:
+    for name in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        a = node.attributes.get(name)
+        if a is None:
+            continue
+        v = a.value
+        if name == "value":
+            return v.numpy()
+        dtype = np.float32 if "float" in name else np.int64
+        return np.asarray(v, dtype=dtype)
+    raise DlccError("a Constant node with a string or sparse value is not supported by the C backend")
+
+
+def _concat_in_place(p: Program) -> None:
+    """Turn Concat-only kernels into no-ops where every input can be a slice view of the output."""
+    writer: dict[int, Kernel] = {}
+    readers: Counter = Counter()
+    for k in p.kernels:
+        for b in k.writes:
+            writer[b] = k
+        for b in k.reads:
+            readers[b] += 1
+    based = {b.base for b in p.buffers.values() if b.kind == "view"}
+    keep = []
+    for k in p.kernels:
+        node = k.nodes[0] if len(k.nodes) == 1 else None
+        if node is None or node.op_type != "Concat" or len(k.steps) != 1 or k.steps[0].kind != "loop":
+            keep.append(k)
+            continue
+        out = p.buffers[p.value_buffer[node.outputs[0]]]
+        ins = [p.value_buffer.get(v) for v in node.inputs]
+        ok = out.kind in ("temp", "output") and out.contiguous and len(set(ins)) == len(ins)
+        for bid in ins:
+            b = p.buffers.get(bid) if bid is not None else None
+            ok = (ok and b is not None and b.kind == "temp" and bid in writer and readers[bid] == 1
+                  and bid not in based and b.dtype == out.dtype)
+        if not ok:
+            keep.append(k)
+            continue
+        axis = node.attributes["axis"].value
+        axis = axis + len(out.shape) if axis < 0 else axis
+        start = 0
+        for bid in ins:
+            b = p.buffers[bid]
+            b.kind, b.base, b.offset, b.strides = "view", out.id, start * out.strides[axis], out.strides
+            start += b.shape[axis]
+    p.kernels = keep
+    for i, k in enumerate(p.kernels):
+        k.id = i
+
+
+def lower(model: ir.Model, plan: FusionPlan) -> Program:
+    """Lower ``model``'s graph (with ``plan`` made on it) to a verified kernel-IR Program."""
+    return _Lowering(model, plan).run()
