@@ -284,10 +284,11 @@ def _split(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -
 def _data_index(gen: ExprGen, v: ir.Value, idx: list[str], n: int, stmts) -> str:
     """Element ``idx`` of the index tensor ``v``, normalized for negatives and clamped to ``[0, n)``."""
     const = gen.const_of(v)
-    if const is not None and const.size == 1:
-        j = int(const.reshape(-1)[0])
-        j = j + n if j < 0 else j
-        return _num(min(max(j, 0), max(n - 1, 0)))
+    if const is not None and 0 < const.size <= 4096:  # normalized at compile time (often an affine map)
+        flat = const.astype(np.int64).reshape(-1)
+        flat = np.clip(np.where(flat < 0, flat + n, flat), 0, max(n - 1, 0))
+        shape = const.shape
+        return _table(gen, flat.tolist(), _linearize(idx, shape) if shape else "0")
     j = gen.at(v, idx, stmts)
     return f"dlcc_clamp_idx((int64_t)({j}), {n})"
 

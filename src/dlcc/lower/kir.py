@@ -107,6 +107,7 @@ class Program:
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
     consts: dict[ir.Value, np.ndarray] = field(default_factory=dict)
+    opset: dict[str, int] = field(default_factory=dict)
 
     def root(self, bid: int) -> Buffer:
         b = self.buffers[bid]

@@ -205,7 +205,8 @@ class _Lowering:
         if tail.steps:
             kernels.append(tail)
         program = Program(self.buffers, kernels, inputs, outputs, self.value_buffer,
-                          [v.name for v in self.graph.inputs], [v.name for v in self.graph.outputs], self.consts)
+                          [v.name for v in self.graph.inputs], [v.name for v in self.graph.outputs], self.consts,
+                          dict(self.model.opset_imports))
         _concat_in_place(program)
         self._scratch(program)
         verify_program(program)

@@ -32,7 +32,7 @@ from dlcc.codegen.templates import TemplateCall, register
 __all__ = ["WinDim", "lin", "spatial_pads", "window_dim", "window_nest"]
 
 OC_BLOCK = 4  # output channels accumulated together (share input loads)
-GEMM_TILE = 128  # spatial positions per GEMM accumulator tile
+VEC_TILE = 16  # positions of the last spatial dim per register tile
 
 
 def lin(*terms: int | tuple[str, int]) -> str:
@@ -223,20 +223,21 @@ def _common(call: TemplateCall):
     dils = _ints(call, "dilations", r, 1)
     if min(strides) < 1 or min(dils) < 1 or group < 1:
         raise TemplateError(f"{call.node.op_type}: strides, dilations and group must be >= 1")
-    wref = _buffer(call, w, "W")
+    if w.dtype != "float32":
+        raise TemplateError(f"{call.node.op_type}: W is {w.dtype}; only float32 is supported")
     bref = _buffer(call, b, "B") if b is not None else None
-    return x.ref, wref, bref, r, ks, group, strides, dils
+    return x.ref, w, bref, r, ks, group, strides, dils
 
 
 # ----------------------------------------------------------------------------------------------- Conv
 
 @register("Conv", needs_buffers=True)
 def conv(call: TemplateCall) -> str:
-    xref, wref, bref, r, ks, group, strides, dils = _common(call)
+    xref, w, bref, r, ks, group, strides, dils = _common(call)
     N, C, *ins = xref.shape
-    M, Cg = wref.shape[:2]
+    M, Cg = w.shape[:2]
     outs = list(call.out_shape[2:])
-    if C != Cg * group or M % group:
+    if Cg * group != C or M % group:
         raise TemplateError(f"Conv: channels {C} (weight {M}x{Cg}) do not divide into {group} groups")
     if tuple(call.out_shape[:2]) != (N, M):
         raise TemplateError(f"Conv: output shape {call.out_shape} does not match N={N}, M={M}")
@@ -244,43 +245,159 @@ def conv(call: TemplateCall) -> str:
     for i, o, k, s, d, a, e in zip(ins, outs, ks, strides, dils, pb, pe, strict=True):
         if (i + a + e - ((k - 1) * d + 1)) // s + 1 != o:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
-    Mg = M // group
     if (all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
-            and _flat_ok(xref, 2) and _flat_ok(call.scratch, 2)):
-        return _conv_gemm(call, xref, wref, bref, N, group, Cg, Mg, math.prod(outs))
+            and _flat_ok(xref, 2) and r > 1):
+        # a 1x1 conv is a GEMM: view the spatial dims as one row of length P
+        P = math.prod(ins)
+        flat = TensorRef(xref.ptr, xref.dtype, (N, C, P), (*xref.strides[:2], 1), xref.offset)
+        return _conv_direct(call, flat, w, bref, group, [1], [1], [1], [0], lambda sp: _unflat(sp[0], outs))
+    return _conv_direct(call, xref, w, bref, group, ks, strides, dils, pb, lambda sp: sp)
+
+
+def _k_ranges(O: int, I: int, s: int, d: int, p: int, K: int) -> tuple[list[int], list[int]]:
+    """For each output position o: the taps k whose input position o*s - p + k*d is in [0, I)."""
+    lo, hi = [], []
+    for o in range(O):
+        a = max(0, -((o * s - p) // d))
+        b = min(K, (I - 1 + p - o * s) // d + 1)
+        lo.append(a)
+        hi.append(max(a, b))
+    return lo, hi
+
+
+def _conv_direct(call: TemplateCall, xref: TensorRef, w: Operand, bref: TensorRef | None, group: int,
+                 ks: list[int], strides: list[int], dils: list[int], pb: list[int],
+                 out_sp: Callable[[list[str]], list[str]]) -> str:
+    """Register-blocked direct convolution: a tile of (up to 4 output channels) x (up to 16 positions of
+    the last spatial dim) accumulates in a local array over (input channel, kernel taps); positions whose
+    window crosses the padding (the borders of the last dim) use a scalar loop with compile-time tap
+    ranges; the valid taps of the outer spatial dims come from per-row tables."""
     names = call.names
-    sref = call.scratch
-    dims = [window_dim(o, i, s, d, p, k, t_is_out=True, ostride=os_, istride=is_)
-            for o, i, s, d, p, k, os_, is_ in zip(outs, ins, strides, dils, pb, ks, sref.strides[2:],
-                                                  xref.strides[2:], strict=True)]
+    N, C, *ins = xref.shape
+    r = len(ins)
+    M, Cg = w.shape[:2]
+    Mg = M // group
+    outs = list(call.out_shape[2:]) if len(call.out_shape) - 2 == r else [math.prod(call.out_shape[2:])]
+    Kp = math.prod(ks)
+    KL, SL, DL, PL, IL, OL = ks[-1], strides[-1], dils[-1], pb[-1], ins[-1], outs[-1]
+    xs = xref.strides
     decls: list[str] = []
     n = names("n") if N > 1 else "0"
     g = names("g") if group > 1 else "0"
+    osp = [names("o") if o > 1 else "0" for o in outs[:-1]]  # outer output positions
+
+    packed = None
+    if w.const is not None and call.pack is not None:
+        wc = np.asarray(w.const, dtype=np.float32).reshape(M, Cg * Kp)
+        chunks = []
+        for gi in range(group):
+            for m0, nb in _block_list(Mg, OC_BLOCK):
+                chunks.append(wc[gi * Mg + m0: gi * Mg + m0 + nb].T.reshape(-1))  # [ic, k..., j]
+        packed = call.packed(np.concatenate(chunks))
+    elif w.ref is None:
+        raise TemplateError("Conv: weight W must be a buffer")
+
+    def weights(ocs: list[str], gm0: str, c: str, kk: list[str], kl: str) -> tuple[list[str], str]:
+        """(C statements declaring a weight row pointer, per-j weight expressions at tap kl)."""
+        nb = len(ocs)
+        if packed is not None:
+            wr = names("pw")
+            flat = lin((c, Kp // KL * KL), *[(k, math.prod(ks[d + 1:])) for d, k in enumerate(kk)])
+            decl = f"const float* restrict {wr} = {packed.ptr} + ({lin((gm0, Cg * Kp), (flat, nb))});"
+            return [decl], [f"{wr}[{lin((kl, nb), j)}]" for j in range(nb)]
+        full = [*kk, kl] if w.ref.rank - 2 == r else ["0"] * (w.ref.rank - 2)
+        return [], [w.ref.at([oc, c, *full]) for oc in ocs]
+
+    def outer_taps(body: Callable[[list[str]], str]) -> str:
+        """Loops over the valid taps of the outer spatial dims (tables indexed by the output position)."""
+        kk, tabs = [], []
+        for d in range(r - 1):
+            lo, hi = _k_ranges(outs[d], ins[d], strides[d], dils[d], pb[d], ks[d])
+            full = all(a == 0 and b == ks[d] for a, b in zip(lo, hi, strict=True))
+            kk.append("0" if ks[d] == 1 and full else names("k"))
+            tabs.append((lo, hi))
+        text = body(kk)
+        for d in reversed(range(r - 1)):
+            if kk[d] == "0":
+                continue
+            lo_e, hi_e = _table(names, decls, tabs[d][0], osp[d]), _table(names, decls, tabs[d][1], osp[d])
+            text = f"for (int64_t {kk[d]} = {lo_e}; {kk[d]} < {hi_e}; ++{kk[d]}) {{\n{indent(text)}\n}}"
+        return text
+
+    def xrow(c: str, kk: list[str], last: str) -> str:
+        """C pointer to input element (n, g*Cg + c, outer positions, last)."""
+        terms = [(n, xs[0]), (lin((g, Cg), (c, 1)), xs[1])]
+        for d in range(r - 1):
+            terms += [(osp[d], strides[d] * xs[2 + d]), (kk[d], dils[d] * xs[2 + d]), -pb[d] * xs[2 + d]]
+        return f"{xref.ptr} + ({lin(xref.offset, *terms, (last, xs[-1]))})"
 
     def block(m0: str, nb: int) -> str:
-        ocs = [lin((g, Mg), (m0, 1), j) for j in range(nb)]
-        parts = [_plane_init(call, [n, oc], bref.at([oc]) if bref else "0.0f") for oc in ocs]
-        c = names("c") if Cg > 1 else "0"
-        obases = [_ptr(sref, [n, oc, *["0"] * r]) for oc in ocs]
-        ibase = _ptr(xref, [n, lin((g, Cg), (c, 1)), *["0"] * r])
-        wv = [names("wv") for _ in range(nb)]
+        gm0 = lin((g, Mg), (m0, 1))
+        ocs = [lin((gm0, 1), j) for j in range(nb)]
+        init = [bref.at([oc]) if bref else "0.0f" for oc in ocs]
+        parts = []
 
-        def pre(kk: list[str]) -> str:
-            return "\n".join(f"const float {v} = {wref.at([oc, c, *kk])};" for v, oc in zip(wv, ocs, strict=True))
+        def tile(ow0: str, vt: int) -> str:
+            acc, j, v, c, kl = names("acc"), names("j"), names("v"), names("c"), names("kl")
+            lines = [f"float {acc}[{nb}][{vt}];"]
+            lines += [f"for (int64_t {v} = 0; {v} < {vt}; ++{v}) {acc}[{jj}][{v}] = {init[jj]};" for jj in range(nb)]
 
-        def stmt(oel: list[str], iel: str) -> str:
-            xv = names("xv")
-            return "\n".join([f"const float {xv} = {iel};",
-                              *(f"{o} += {v} * {xv};" for o, v in zip(oel, wv, strict=True))])
+            def inner(kk: list[str]) -> str:
+                xr = names("px")
+                wdecl, wexp = weights(ocs, gm0, c, kk, kl)
+                body = [f"const float* restrict {xr} = {xrow(c, kk, lin((ow0, SL), -PL))};", *wdecl]
+                fma = [f"{{ const float wv = {we}; for (int64_t {v} = 0; {v} < {vt}; ++{v}) "
+                       f"{acc}[{jj}][{v}] += wv * {xr}[{lin((kl, DL * xs[-1]), (v, SL * xs[-1]))}]; }}"
+                       for jj, we in enumerate(wexp)]
+                loop = "\n".join(fma)
+                if KL > 1:
+                    loop = f"for (int64_t {kl} = 0; {kl} < {KL}; ++{kl}) {{\n{indent(loop)}\n}}"
+                else:
+                    loop = loop.replace(kl, "0")
+                return "\n".join([*body, loop])
 
-        nest = window_nest(names, dims, obases, ibase, pre, stmt, decls)
-        if Cg > 1:
-            nest = f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(nest)}\n}}"
-        parts.append(nest)
-        parts += [_plane_store(call, [n, oc]) for oc in ocs]
+            red = outer_taps(inner)
+            lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(red)}\n}}")
+            del j
+            st = "\n".join(call.store([n, oc, *out_sp([*osp, lin((ow0, 1), (v, 1))])], f"{acc}[{jj}][{v}]")
+                           for jj, oc in enumerate(ocs))
+            lines.append(f"for (int64_t {v} = 0; {v} < {vt}; ++{v}) {{\n{indent(st)}\n}}")
+            return "\n".join(lines)
+
+        def border(lo_o: int, hi_o: int) -> str:
+            if hi_o <= lo_o:
+                return ""
+            ow, c, kl = names("ow"), names("c"), names("kl")
+            klo, khi = _k_ranges(OL, IL, SL, DL, PL, KL)
+            klo_e = _table(names, decls, klo[lo_o:hi_o], lin((ow, 1), -lo_o))
+            khi_e = _table(names, decls, khi[lo_o:hi_o], lin((ow, 1), -lo_o))
+            accs = [names("a") for _ in ocs]
+            lines = [f"float {a} = {i};" for a, i in zip(accs, init, strict=True)]
+
+            def inner(kk: list[str]) -> str:
+                xr = names("px")
+                wdecl, wexp = weights(ocs, gm0, c, kk, kl)
+                fma = "\n".join(f"{a} += {we} * {xr}[{lin((kl, DL * xs[-1]))}];" for a, we in zip(accs, wexp, strict=True))
+                return "\n".join([f"const float* restrict {xr} = {xrow(c, kk, lin((ow, SL), -PL))};", *wdecl,
+                                  f"for (int64_t {kl} = {klo_e}; {kl} < {khi_e}; ++{kl}) {{\n{indent(fma)}\n}}"])
+
+            lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(outer_taps(inner))}\n}}")
+            lines += [call.store([n, oc, *out_sp([*osp, ow])], a) for a, oc in zip(accs, ocs, strict=True)]
+            return f"for (int64_t {ow} = {lo_o}; {ow} < {hi_o}; ++{ow}) {{\n{indent(chr(10).join(lines))}\n}}"
+
+        a = min(OL, max(0, -(-PL // SL)))
+        b = max(a, min(OL, (IL - 1 + PL - (KL - 1) * DL) // SL + 1))
+        parts.append(border(0, a))
+        if b > a:
+            tb = names("tb")
+            parts.append(_blocks(names, b - a, lambda s0, vt: tile(lin((s0, 1), a), vt), VEC_TILE, tb))
+        parts.append(border(b, OL))
         return "\n".join(p for p in parts if p)
 
     code = _blocks(names, Mg, block)
+    for d in reversed(range(r - 1)):
+        if osp[d] != "0":
+            code = f"for (int64_t {osp[d]} = 0; {osp[d]} < {outs[d]}; ++{osp[d]}) {{\n{indent(code)}\n}}"
     if group > 1:
         code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
     if N > 1:
@@ -288,15 +405,20 @@ def conv(call: TemplateCall) -> str:
     return "\n".join([*decls, code])
 
 
-def _blocks(names: Names, total: int, block: Callable[[str, int], str], size: int = OC_BLOCK) -> str:
+def _block_list(total: int, size: int) -> list[tuple[int, int]]:
+    return [(m, min(size, total - m)) for m in range(0, total, size)]
+
+
+def _blocks(names: Names, total: int, block: Callable[[str, int], str], size: int = OC_BLOCK,
+            var: str | None = None) -> str:
     """Code running ``block(start, count)`` over [0, total) in blocks of ``size`` (a loop) plus a tail."""
     full, tail = divmod(total, size)
     parts = []
     if full == 1:
         parts.append("{\n" + indent(block("0", size)) + "\n}")
     elif full > 1:
-        b = names("b")
-        parts.append(f"for (int64_t {b} = 0; {b} < {full}; ++{b}) {{\n{indent(block(f'{b}*{size}', size))}\n}}")
+        b = var or names("b")
+        parts.append(f"for (int64_t {b} = 0; {b} < {full}; ++{b}) {{\n{indent(block(f'({b})*{size}', size))}\n}}")
     if tail:
         parts.append("{\n" + indent(block(str(full * size), tail)) + "\n}")
     return "\n".join(parts)
@@ -326,60 +448,17 @@ def _unflat(p: str, shape: Sequence[int]) -> list[str]:
     return idx
 
 
-def _conv_gemm(call: TemplateCall, xref: TensorRef, wref: TensorRef, bref: TensorRef | None,
-               N: int, group: int, Cg: int, Mg: int, P: int) -> str:
-    names = call.names
-    r = xref.rank - 2
-    sp = call.out_shape[2:]
-    n = names("n") if N > 1 else "0"
-    g = names("g") if group > 1 else "0"
-    xs_c = xref.strides[1]
-
-    def block(m0: str, nb: int) -> str:
-        ocs = [lin((g, Mg), (m0, 1), j) for j in range(nb)]
-
-        def tile(p0: str, pt: int) -> str:
-            acc = [names("acc") for _ in range(nb)]
-            pp = names("p")
-            c = names("c")
-            xp = names("px")
-            wv = [names("wv") for _ in range(nb)]
-            lines = [f"float {a}[{pt}];" for a in acc]
-            init = "\n".join(f"{a}[{pp}] = {bref.at([oc]) if bref else '0.0f'};" for a, oc in zip(acc, ocs, strict=True))
-            lines.append(f"for (int64_t {pp} = 0; {pp} < {pt}; ++{pp}) {{\n{indent(init)}\n}}")
-            inner = [f"const float* restrict {xp} = {_ptr(xref, [n, lin((g, Cg), (c, 1)), *['0'] * r])} + {p0};"]
-            inner += [f"const float {v} = {wref.at([oc, c, *['0'] * r])};" for v, oc in zip(wv, ocs, strict=True)]
-            xv = names("xv")
-            body = "\n".join([f"const float {xv} = {xp}[{pp}];",
-                              *(f"{a}[{pp}] += {v} * {xv};" for a, v in zip(acc, wv, strict=True))])
-            inner.append(f"for (int64_t {pp} = 0; {pp} < {pt}; ++{pp}) {{\n{indent(body)}\n}}")
-            lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(chr(10).join(inner))}\n}}")
-            sidx = _unflat(lin((p0, 1), (pp, 1)), sp)
-            st = "\n".join(call.store([n, oc, *sidx], f"{a}[{pp}]") for a, oc in zip(acc, ocs, strict=True))
-            lines.append(f"for (int64_t {pp} = 0; {pp} < {pt}; ++{pp}) {{\n{indent(st)}\n}}")
-            return "\n".join(lines)
-
-        return _blocks(names, P, tile, GEMM_TILE)
-
-    del xs_c
-    code = _blocks(names, Mg, block)
-    if group > 1:
-        code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
-    if N > 1:
-        code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
-    return code
-
-
 # -------------------------------------------------------------------------------------- ConvTranspose
 
 @register("ConvTranspose", needs_buffers=True)
 def conv_transpose(call: TemplateCall) -> str:
-    xref, wref, bref, r, ks, group, strides, dils = _common(call)
+    xref, w, bref, r, ks, group, strides, dils = _common(call)
+    wref = _buffer(call, w, "W")
     N, C, *ins = xref.shape
     Cw, Mg = wref.shape[:2]
     M = Mg * group
     outs = list(call.out_shape[2:])
-    if C != Cw or C % group:
+    if Cw != C or C % group:
         raise TemplateError(f"ConvTranspose: channels {C} (weight {Cw}) do not divide into {group} groups")
     Cg = C // group
     if tuple(call.out_shape[:2]) != (N, M):

@@ -57,10 +57,8 @@ def softmax(call: TemplateCall) -> str:
     opset = call.node.meta.get("dlcc.opset")
     if r == 0:
         raise TemplateError(f"{call.node.op_type}: scalar input")
-    if opset is not None and int(opset) < 13:
-        axes = list(range(_axis(call, r, 1), r))
-    else:
-        axes = [_axis(call, r, -1)]
+    old = opset is not None and int(opset) < 13
+    axes = list(range(_axis(call, r, 1), r)) if old else [_axis(call, r, -1)]
     m = Pass("m", "(-INFINITY)", _max, _max)
     if call.node.op_type == "Softmax":
         s = Pass("s", "0.0f", lambda a, v, g: f"{a} + {v}", _plus, transform=lambda v, g: f"expf({v} - {g('m')})",

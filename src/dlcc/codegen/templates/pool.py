@@ -20,7 +20,16 @@ import math
 
 from dlcc.codegen.cbase import TemplateError, c_float, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.templates.conv import _flat_ok, _ints, _plane_init, _ptr, _table, spatial_pads, window_dim, window_nest
+from dlcc.codegen.templates.conv import (
+    _flat_ok,
+    _ints,
+    _plane_init,
+    _ptr,
+    _table,
+    spatial_pads,
+    window_dim,
+    window_nest,
+)
 
 
 def _input(call: TemplateCall):

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dlcc.codegen.cbase import Operand, TensorRef, TemplateError, ctype, indent, loops
+from dlcc.codegen.cbase import Operand, TemplateError, TensorRef, ctype, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
 
 __all__ = ["Pass", "reduce_axes", "row_reduce"]
@@ -186,11 +186,6 @@ def row_reduce(call: TemplateCall, x: Operand, axes: Sequence[int], passes: list
 # ---------------------------------------------------------------- the Reduce* ops
 
 
-def _opset(call: TemplateCall) -> int | None:
-    v = call.node.meta.get("dlcc.opset") if hasattr(call.node, "meta") else None
-    return int(v) if v is not None else None
-
-
 def reduce_axes(call: TemplateCall, rank: int) -> list[int] | None:
     """The reduced axes (normalized, sorted), [] for "no reduction" (noop_with_empty_axes), None for all."""
     axes = None
@@ -264,10 +259,7 @@ def reduce_op(call: TemplateCall) -> str:
     axes = reduce_axes(call, r)
     keep = int(call.attr("keepdims", 1))
     if axes == []:  # noop_with_empty_axes: the output is the input (elementwise part of the op applied)
-        if x.dtype == "int64" or op == "ReduceLogSumExp":
-            fmt = "{}"
-        else:
-            fmt = _FLOAT_OPS[op][3]
+        fmt = "{}" if x.dtype == "int64" or op == "ReduceLogSumExp" else _FLOAT_OPS[op][3]
         idx, text = loops(x.shape, call.names, lambda idx: call.store(idx, fmt.format(x.at(idx))))
         return text
     if axes is None:

@@ -1,0 +1,119 @@
+"""A slow numpy interpreter for kernel IR, so a wrong result can be blamed on one stage.
+
+What goes in: a ``Program``, its ``MemoryPlan`` and input arrays.
+What comes out: the output arrays, computed kernel by kernel and step by step exactly as the C does it —
+through buffers placed in one simulated arena at the planned offsets, views as numpy strided views — but
+with each op evaluated by onnx's reference implementation instead of generated C.
+
+So: interpreter == onnxruntime but C != interpreter  -> the C generator (or a template) is wrong;
+interpreter != onnxruntime -> lowering, memory forwarding or the memory plan is wrong (an overlap in the
+plan shows up as corrupted values here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from dlcc.errors import DlccError
+from dlcc.lower.kir import Program
+from dlcc.memory.planner import MemoryPlan
+
+__all__ = ["interpret"]
+
+
+class ChannelShuffle(OpRun):
+    op_domain = "dlcc"
+
+    def _run(self, x, group=None):
+        n, c = x.shape[:2]
+        y = x.reshape(n, group, c // group, *x.shape[2:]).swapaxes(1, 2)
+        return (y.reshape(x.shape),)
+
+
+def _evaluator(node: ir.Node, opset: dict[str, int]) -> ReferenceEvaluator:
+    proto = ir.serde.serialize_node(node)
+    ins = [onnx.helper.make_empty_tensor_value_info(n) for n in proto.input if n]
+    outs = [onnx.helper.make_empty_tensor_value_info(n) for n in proto.output if n]
+    graph = onnx.helper.make_graph([proto], "node", ins, outs)
+    imports = [onnx.helper.make_opsetid(d, v) for d, v in opset.items()]
+    model = onnx.helper.make_model(graph, opset_imports=imports)
+    return ReferenceEvaluator(model, new_ops=[ChannelShuffle])
+
+
+def interpret(program: Program, memory: MemoryPlan, feeds: Mapping[str, np.ndarray],
+              opset: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    opset = dict(opset or program.opset or {"": 21})
+    arena = np.zeros(max(memory.arena_bytes, 1), dtype=np.uint8)
+    roots: dict[int, np.ndarray] = {}
+    for b in program.buffers.values():
+        if b.kind == "input":
+            name = program.input_names[program.inputs.index(b.id)]
+            if name not in feeds:
+                raise DlccError(f"missing input '{name}'")
+            roots[b.id] = np.ascontiguousarray(feeds[name], dtype=b.dtype).reshape(-1)
+        elif b.kind == "output":
+            roots[b.id] = np.zeros(b.size, dtype=b.dtype)
+        elif b.kind == "weight":
+            roots[b.id] = np.ascontiguousarray(b.data, dtype=b.dtype).reshape(-1)
+        elif b.kind == "temp" and b.id in memory.offsets:
+            off = memory.offsets[b.id]
+            roots[b.id] = arena[off:off + b.nbytes].view(b.dtype)
+
+    def array(bid: int) -> np.ndarray:
+        b = program.buffers[bid]
+        root, offset, strides = program.window(bid)
+        flat = roots[root.id]
+        item = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[offset:], b.shape, [s * item for s in strides])
+
+    evaluators: dict[ir.Node, ReferenceEvaluator] = {}
+
+    def run_node(node: ir.Node, env: dict) -> None:
+        ev = evaluators.get(node)
+        if ev is None:
+            ev = evaluators[node] = _evaluator(node, opset)
+        args = {v.name: value(v, env) for v in node.inputs if v is not None}
+        results = ev.run(None, args)
+        for v, r in zip([o for o in node.outputs if o.name], results, strict=False):
+            env[v] = np.asarray(r)
+
+    def value(v: ir.Value, env: dict) -> np.ndarray:
+        if v in env:
+            return env[v]
+        if v in program.value_buffer and (v.producer() is None or v in written):
+            return np.array(array(program.value_buffer[v]))
+        if v in program.consts:
+            return program.consts[v]
+        producer = v.producer()
+        if producer is None:
+            raise DlccError(f"interpreter: no value for '{v.name}'")
+        run_node(producer, env)
+        return env[v]
+
+    written: set[ir.Value] = set()
+    for k in program.kernels:
+        env: dict = {}
+        for step in k.steps:
+            if step.kind == "copy":
+                dst, src = step.copy
+                array(dst)[...] = np.array(array(src)).reshape(program.buffers[dst].shape)
+                continue
+            if step.kind == "template":
+                for n in step.nodes:
+                    run_node(n, env)
+            v = step.outputs[0]
+            if step.kind == "loop":
+                run_node(v.producer(), env)
+            array(program.value_buffer[v])[...] = env[v]
+            written.add(v)
+            # values that are views of this buffer are now readable too
+            for other, bid in program.value_buffer.items():
+                if program.buffers[bid].kind == "view" and program.buffers[bid].base == program.value_buffer[v]:
+                    written.add(other)
+    return {name: np.array(array(bid)) for name, bid in zip(program.output_names, program.outputs, strict=True)}
