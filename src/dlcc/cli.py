@@ -5,6 +5,8 @@
     dlcc check A B [--input NAME=file.npy ...] [--rtol R] [--atol A] [--seed S]
     dlcc inspect MODEL [--input-shape ...] [--json] [--fusion [auto|tvm|dnnfusion]]
     dlcc report MODEL -o report.html [--fusion auto|tvm|dnnfusion]
+    dlcc compile MODEL -o OUTDIR [--input-shape ...] [--fusion F] [--portable] [--build]
+    dlcc run OUTDIR|MODEL [--input NAME=file.npy ...] [--compare-ort] [--bench N] [--save DIR]
 
 Errors caused by the user's input are one line on stderr and exit code 2 (``--debug`` shows the
 traceback); a mismatch in ``dlcc check`` exits 1; an existing output file is never clobbered by a failed
@@ -121,6 +123,160 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _err.print(f"dlcc: {args.input}: {before} -> {after} nodes at level {args.level} "
                f"in {time.perf_counter() - t0:.2f} s; wrote {args.output}")
     return 0
+
+
+def _figures(info: dict) -> str:
+    mb = 1024 * 1024
+    return (f"{info['kernels']} kernels ({info['fusion']}), arena {info['arena_bytes'] / mb:.2f} MiB "
+            f"(lower bound {info['lower_bound_bytes'] / mb:.2f}, no reuse {info['no_reuse_bytes'] / mb:.2f}), "
+            f"weights {info['weights_bytes'] / mb:.2f} MiB")
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from dlcc.build.bundle import build_bundle, write_bundle
+    from dlcc.compiler import build_artifacts
+
+    shapes = _input_shapes(args.input_shape)
+    t0 = time.perf_counter()
+    with _progress(f"compiling {args.model}") as update:
+        art = build_artifacts(args.model, input_shapes=shapes, fusion=args.fusion, on_stage=update)
+        update("writing the bundle")
+        out = write_bundle(art, args.output, portable=args.portable, source=str(Path(args.model).resolve()))
+        size = None
+        if args.build:
+            update("building with make")
+            exe = build_bundle(out)
+            size = exe.stat().st_size
+    _err.print(f"dlcc: {args.model}: {_figures(art.info())}", markup=False)
+    built = f"; built {out / 'model'} ({size / 1024:.0f} KiB without weights)" if size is not None else \
+        f"; build it with: make -C {out}"
+    _err.print(f"dlcc: wrote {out} in {time.perf_counter() - t0:.2f} s{built}", markup=False)
+    return 0
+
+
+def _run_bundle(path: Path, feeds: dict, bench: int) -> tuple[dict, float | None]:
+    import re
+    import subprocess
+    import tempfile
+
+    import numpy as np
+
+    from dlcc.build.bundle import build_bundle, read_manifest
+
+    manifest = read_manifest(path)
+    exe = path / "model"
+    if not exe.exists():
+        exe = build_bundle(path)
+    with tempfile.TemporaryDirectory(prefix="dlcc-run-") as tmp:
+        files = []
+        for i, spec in enumerate(manifest["inputs"]):
+            f = Path(tmp) / f"input{i}.npy"
+            np.save(f, np.ascontiguousarray(feeds[spec["name"]]))
+            files.append(str(f))
+        cmd = [str(exe), "-q", "-o", tmp, *(["-n", str(bench)] if bench else []), *files]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DlccError(f"the bundle failed: {proc.stderr.strip()}")
+        outs = {spec["name"]: np.load(Path(tmp) / spec["file"]) for spec in manifest["outputs"]}
+    m = re.search(r"mean ([0-9.]+) ms", proc.stdout)
+    return outs, float(m.group(1)) if m else None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from dlcc.check import compare, load_npy_inputs, run_ort
+
+    target = Path(args.target)
+    files = load_npy_inputs(_input_files(args.input))
+    bench = args.bench or 0
+    latency = None
+    if target.is_dir():
+        from dlcc.build.bundle import read_manifest
+
+        manifest = read_manifest(target)
+        specs = {i["name"]: (i["dtype"], i["shape"]) for i in manifest["inputs"]}
+        model_path = args.model or manifest.get("source")
+        feeds = _feeds(specs, files, args.seed)
+        with _progress(f"running {target}"):
+            outs, latency = _run_bundle(target, feeds, bench)
+    else:
+        with _progress(f"compiling {target}") as update:
+            cm = dlcc.compile(str(target), input_shapes=_input_shapes(args.input_shape), fusion=args.fusion,
+                              on_stage=update)
+        specs = {n: (d, s) for n, d, s in cm.inputs}
+        feeds = _feeds(specs, files, args.seed)
+        outs = cm(feeds)
+        if bench:
+            times = []
+            for _ in range(bench):
+                t = time.perf_counter()
+                cm(feeds)
+                times.append(time.perf_counter() - t)
+            latency = 1e3 * sum(times) / len(times)
+        model_path = str(target)
+    table = Table(title="outputs")
+    for col in ("output", "dtype", "shape", "min", "max", "mean"):
+        table.add_column(col, justify="left" if col in ("output", "dtype") else "right")
+    for name, a in outs.items():
+        fa = a.astype(np.float64) if a.size else np.zeros(1)
+        table.add_row(name, str(a.dtype), "x".join(map(str, a.shape)) or "scalar", f"{fa.min():.4g}",
+                      f"{fa.max():.4g}", f"{fa.mean():.4g}")
+    _out.print(table)
+    if args.save:
+        out_dir = Path(args.save)
+        if not out_dir.is_dir():
+            raise DlccError(f"--save folder '{out_dir}' does not exist", hint="create it first")
+        from dlcc.frontend.load import atomic_output
+
+        for i, (name, a) in enumerate(outs.items()):
+            with atomic_output(out_dir / f"output{i}.npy", "wb") as f:
+                np.save(f, a)
+            _err.print(f"dlcc: output {i} ({name}) -> {out_dir / f'output{i}.npy'}", markup=False)
+    if latency is not None:
+        _err.print(f"dlcc: dlcc latency {latency:.3f} ms (mean of {bench})", markup=False)
+    status = 0
+    if args.compare_ort:
+        if not model_path or not Path(model_path).exists():
+            raise DlccError("--compare-ort needs the ONNX model", hint="pass --model MODEL.onnx")
+        ref = run_ort(model_path, feeds)
+        diffs = compare(ref, outs, rtol=args.rtol, atol=args.atol)
+        for d in diffs:
+            verdict = "ok" if d.ok else f"MISMATCH {d.reason}"
+            _err.print(f"dlcc: {d.name}: max abs err {d.max_abs:.3g} (scale {d.scale:.3g}) {verdict}", markup=False)
+        if bench:
+            from dlcc.check import _session
+
+            sess = _session(model_path, threads=1)
+            times = []
+            for _ in range(bench):
+                t = time.perf_counter()
+                sess.run(None, feeds)
+                times.append(time.perf_counter() - t)
+            _err.print(f"dlcc: onnxruntime latency {1e3 * sum(times) / len(times):.3f} ms (1 thread, mean of "
+                       f"{bench})", markup=False)
+        status = 0 if all(d.ok for d in diffs) else 1
+    return status
+
+
+def _feeds(specs: dict, files: dict, seed: int) -> dict:
+    import numpy as np
+
+    unknown = [k for k in files if k not in specs]
+    if unknown:
+        raise DlccError(f"unknown input(s) {', '.join(unknown)}", hint=f"the model's inputs are: {', '.join(specs)}")
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, (dtype, shape) in specs.items():
+        if name in files:
+            feeds[name] = files[name]
+        elif np.dtype(dtype).kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif np.dtype(dtype).kind == "b":
+            feeds[name] = rng.random(shape) < 0.5
+        else:
+            feeds[name] = rng.integers(0, 2, size=shape).astype(dtype)
+    return feeds
 
 
 def _print_stats(report) -> None:
@@ -345,6 +501,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", help="only this family (e.g. associative, distributive, commutative)")
     p.add_argument("--markdown", action="store_true", help="print docs/RULES.md")
     p.set_defaults(func=cmd_rules)
+
+    p = sub.add_parser("compile", parents=[common], help="compile a model to a standalone C bundle",
+                       description="Compile MODEL to OUTDIR: model.c/model.h (one C function per fused kernel, "
+                                   "a dlcc_run entry point), weights.bin, main.c and a Makefile; `make -C OUTDIR` "
+                                   "needs only a C compiler.")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="the bundle folder to write")
+    shape_opt(p)
+    fusion_opt(p)
+    p.add_argument("--portable", action="store_true", help="generic compiler flags instead of -march=native")
+    p.add_argument("--build", action="store_true", help="also run make and report the binary size")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", parents=[common], help="run a compiled bundle or compile and run a model",
+                       description="Run OUTDIR (a bundle from `dlcc compile`, built with make on first use) or "
+                                   "MODEL (compiled in memory, cached). Inputs not given get seeded random data.")
+    p.add_argument("target", metavar="OUTDIR|MODEL")
+    p.add_argument("--input", action="append", metavar="NAME=file.npy", help="input data (repeatable)")
+    shape_opt(p)
+    fusion_opt(p)
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    p.add_argument("--compare-ort", action="store_true", help="compare the outputs with onnxruntime (exit 1 if "
+                   "they differ beyond tolerance)")
+    p.add_argument("--model", metavar="MODEL.onnx", help="the ONNX model of a bundle, for --compare-ort "
+                   "(default: the model the bundle was compiled from)")
+    p.add_argument("--bench", type=int, metavar="N", help="time N runs (and N onnxruntime runs with --compare-ort)")
+    p.add_argument("--save", metavar="DIR", help="write the outputs as DIR/output<i>.npy")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default {DEFAULT_RTOL:g})")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("inspect", parents=[common], help="summarize a model",
                        description="Opset, inputs/outputs, op histogram, parameters and a FLOPs estimate.")

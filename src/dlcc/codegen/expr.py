@@ -346,13 +346,17 @@ static inline float dlcc_pow(float a, float b) {
     return powf(a, b);
 }
 static inline int64_t dlcc_pow_i(int64_t a, int64_t b) {
-    int64_t r = 1; if (b < 0) return a == 1 ? 1 : 0;
-    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r;
+    int64_t r = 1;
+    if (b < 0) return a == 1 ? 1 : 0;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+    return r;
 }
 static inline int64_t dlcc_div_i(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
 static inline int64_t dlcc_fmod_i(int64_t a, int64_t b) { return b == 0 ? 0 : a % b; }
 static inline int64_t dlcc_mod_i(int64_t a, int64_t b) {
-    if (b == 0) return 0; int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+    if (b == 0) return 0;
+    int64_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static inline int64_t dlcc_f2i_int64_t(float x) {
     return x != x ? 0 : (x >= 9.2233720368547758e18f ? INT64_MAX

@@ -57,10 +57,10 @@ class CSource:
 
 
 def prelude() -> str:
-    try:
+    import contextlib
+
+    with contextlib.suppress(ModuleNotFoundError):
         import dlcc.codegen.injective  # noqa: F401  (registers index-map handlers and their helpers)
-    except ModuleNotFoundError:
-        pass
 
     return ("#include <stdint.h>\n#include <stddef.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n"
             + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))

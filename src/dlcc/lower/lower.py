@@ -76,6 +76,9 @@ class _Lowering:
         for v in self.graph.initializers.values():
             if v.const_value is not None and v not in self.graph_inputs:
                 self.consts[v] = v.const_value.numpy()
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
+        for n in self.graph:
+            n.meta["dlcc.opset"] = opset  # templates whose semantics changed with the opset read it
 
     # ------------------------------------------------------------------ buffers
     def new_buffer(self, kind: str, dtype: str, shape, name: str = "", **kw) -> int:

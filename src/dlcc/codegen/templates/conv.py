@@ -26,13 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent, loops
+from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, c_helper, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
+
+c_helper("dlcc_v8", """typedef float dlcc_v8 __attribute__((vector_size(32)));
+static inline dlcc_v8 dlcc_v8_load(const float* p) { dlcc_v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void dlcc_v8_store(float* p, dlcc_v8 v) { memcpy(p, &v, sizeof v); }""")
 
 __all__ = ["WinDim", "lin", "spatial_pads", "window_dim", "window_nest"]
 
 OC_BLOCK = 4  # output channels accumulated together (share input loads)
 VEC_TILE = 16  # positions of the last spatial dim per register tile
+LANES = 8  # floats per dlcc_v8 vector
+UNROLL_TAPS = 8  # the taps of the last kernel dim are unrolled up to this size
 
 
 def lin(*terms: int | tuple[str, int]) -> str:
@@ -297,16 +303,17 @@ def _conv_direct(call: TemplateCall, xref: TensorRef, w: Operand, bref: TensorRe
     elif w.ref is None:
         raise TemplateError("Conv: weight W must be a buffer")
 
-    def weights(ocs: list[str], gm0: str, c: str, kk: list[str], kl: str) -> tuple[list[str], str]:
-        """(C statements declaring a weight row pointer, per-j weight expressions at tap kl)."""
+    def weights(ocs: list[str], gm0: str, c: str, kk: list[str]) -> tuple[list[str], Callable[[str], list[str]]]:
+        """(C statements declaring a weight row pointer, tap -> per-output-channel weight expressions)."""
         nb = len(ocs)
         if packed is not None:
             wr = names("pw")
             flat = lin((c, Kp // KL * KL), *[(k, math.prod(ks[d + 1:])) for d, k in enumerate(kk)])
             decl = f"const float* restrict {wr} = {packed.ptr} + ({lin((gm0, Cg * Kp), (flat, nb))});"
-            return [decl], [f"{wr}[{lin((kl, nb), j)}]" for j in range(nb)]
-        full = [*kk, kl] if w.ref.rank - 2 == r else ["0"] * (w.ref.rank - 2)
-        return [], [w.ref.at([oc, c, *full]) for oc in ocs]
+            return [decl], lambda kl: [f"{wr}[{lin((kl, nb), j)}]" for j in range(nb)]
+        if w.ref.rank - 2 == r:
+            return [], lambda kl: [w.ref.at([oc, c, *kk, kl]) for oc in ocs]
+        return [], lambda kl: [w.ref.at([oc, c, *["0"] * (w.ref.rank - 2)]) for oc in ocs]
 
     def outer_taps(body: Callable[[list[str]], str]) -> str:
         """Loops over the valid taps of the outer spatial dims (tables indexed by the output position)."""
@@ -338,28 +345,51 @@ def _conv_direct(call: TemplateCall, xref: TensorRef, w: Operand, bref: TensorRe
         parts = []
 
         def tile(ow0: str, vt: int) -> str:
-            acc, j, v, c, kl = names("acc"), names("j"), names("v"), names("c"), names("kl")
-            lines = [f"float {acc}[{nb}][{vt}];"]
-            lines += [f"for (int64_t {v} = 0; {v} < {vt}; ++{v}) {acc}[{jj}][{v}] = {init[jj]};" for jj in range(nb)]
+            # vt positions: vt // 8 vector accumulators (GCC vector extension) + vt % 8 scalars per channel
+            c, kl, v = names("c"), names("kl"), names("v")
+            nvec, rem = divmod(vt, LANES)
+            accv = [[names("av") for _ in range(nvec)] for _ in ocs]
+            accs = [[names("as") for _ in range(rem)] for _ in ocs]
+            lines = []
+            for jj in range(nb):
+                lines += [f"dlcc_v8 {a} = (dlcc_v8){{0}} + {init[jj]};" for a in accv[jj]]
+                lines += [f"float {a} = {init[jj]};" for a in accs[jj]]
+            sx = SL * xs[-1]
 
             def inner(kk: list[str]) -> str:
                 xr = names("px")
-                wdecl, wexp = weights(ocs, gm0, c, kk, kl)
+                wdecl, wexp = weights(ocs, gm0, c, kk)
                 body = [f"const float* restrict {xr} = {xrow(c, kk, lin((ow0, SL), -PL))};", *wdecl]
-                fma = [f"{{ const float wv = {we}; for (int64_t {v} = 0; {v} < {vt}; ++{v}) "
-                       f"{acc}[{jj}][{v}] += wv * {xr}[{lin((kl, DL * xs[-1]), (v, SL * xs[-1]))}]; }}"
-                       for jj, we in enumerate(wexp)]
-                loop = "\n".join(fma)
-                if KL > 1:
-                    loop = f"for (int64_t {kl} = 0; {kl} < {KL}; ++{kl}) {{\n{indent(loop)}\n}}"
-                else:
-                    loop = loop.replace(kl, "0")
-                return "\n".join([*body, loop])
+                taps = [str(t) for t in range(KL)] if KL <= UNROLL_TAPS else [kl]
+                loop = []
+                for t in taps:
+                    base = lin((t, DL * xs[-1]))
+                    xv = [names("xv") for _ in range(nvec)]
+                    for q, name in enumerate(xv):
+                        if sx == 1:
+                            loop.append(f"const dlcc_v8 {name} = dlcc_v8_load({xr} + {lin((base, 1), q * LANES)});")
+                        else:
+                            els = ", ".join(f"{xr}[{lin((base, 1), (q * LANES + e) * sx)}]" for e in range(LANES))
+                            loop.append(f"const dlcc_v8 {name} = (dlcc_v8){{{els}}};")
+                    xsc = [f"{xr}[{lin((base, 1), (nvec * LANES + e) * sx)}]" for e in range(rem)]
+                    for jj, we in enumerate(wexp(t)):
+                        wv = names("wv")
+                        loop.append(f"const float {wv} = {we};")
+                        loop += [f"{a} += {wv} * {x};" for a, x in zip(accv[jj], xv, strict=True)]
+                        loop += [f"{a} += {wv} * {x};" for a, x in zip(accs[jj], xsc, strict=True)]
+                text = "\n".join(loop)
+                if KL > UNROLL_TAPS:
+                    text = f"for (int64_t {kl} = 0; {kl} < {KL}; ++{kl}) {{\n{indent(text)}\n}}"
+                return "\n".join([*body, text])
 
             red = outer_taps(inner)
             lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(red)}\n}}")
-            del j
-            st = "\n".join(call.store([n, oc, *out_sp([*osp, lin((ow0, 1), (v, 1))])], f"{acc}[{jj}][{v}]")
+            res = names("res")
+            lines.append(f"float {res}[{nb}][{vt}];")
+            for jj in range(nb):
+                lines += [f"dlcc_v8_store(&{res}[{jj}][{q * LANES}], {a});" for q, a in enumerate(accv[jj])]
+                lines += [f"{res}[{jj}][{nvec * LANES + e}] = {a};" for e, a in enumerate(accs[jj])]
+            st = "\n".join(call.store([n, oc, *out_sp([*osp, lin((ow0, 1), (v, 1))])], f"{res}[{jj}][{v}]")
                            for jj, oc in enumerate(ocs))
             lines.append(f"for (int64_t {v} = 0; {v} < {vt}; ++{v}) {{\n{indent(st)}\n}}")
             return "\n".join(lines)
@@ -376,8 +406,9 @@ def _conv_direct(call: TemplateCall, xref: TensorRef, w: Operand, bref: TensorRe
 
             def inner(kk: list[str]) -> str:
                 xr = names("px")
-                wdecl, wexp = weights(ocs, gm0, c, kk, kl)
-                fma = "\n".join(f"{a} += {we} * {xr}[{lin((kl, DL * xs[-1]))}];" for a, we in zip(accs, wexp, strict=True))
+                wdecl, wexp = weights(ocs, gm0, c, kk)
+                fma = "\n".join(f"{a} += {we} * {xr}[{lin((kl, DL * xs[-1]))}];"
+                                 for a, we in zip(accs, wexp(kl), strict=True))
                 return "\n".join([f"const float* restrict {xr} = {xrow(c, kk, lin((ow, SL), -PL))};", *wdecl,
                                   f"for (int64_t {kl} = {klo_e}; {kl} < {khi_e}; ++{kl}) {{\n{indent(fma)}\n}}"])
 

@@ -1,0 +1,139 @@
+"""Conv / ConvTranspose templates against onnxruntime.
+
+Sums run in a different order than onnxruntime, so results are compared with rtol 1e-4 (DESIGN allows it
+for conv/matmul), relative to the output's scale.
+"""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from dlcc.codegen.cbase import TemplateError
+from dlcc.codegen.harness import run_node
+
+
+def _ort(model, feeds):
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)[0]
+
+
+def _close(got, ref, rtol=1e-4, atol=1e-6):
+    assert got.shape == ref.shape
+    assert np.max(np.abs(got - ref)) <= rtol * np.max(np.abs(ref)) + atol
+
+
+def _model(op, x_shape, w_shape, b, attrs, const_w, out_shape=None, opset=21):
+    rng = np.random.default_rng(len(x_shape) * 7 + sum(w_shape))
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal(w_shape, dtype=np.float32)
+    nb = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
+    bias = rng.standard_normal((nb,), dtype=np.float32)
+    feeds = {"x": x}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
+    inits = []
+    names = ["x", "w"]
+    if const_w:
+        inits.append(onnx.numpy_helper.from_array(w, "w"))
+    else:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, w_shape))
+        feeds["w"] = w
+    if b:
+        names.append("b")
+        if const_w:
+            inits.append(onnx.numpy_helper.from_array(bias, "b"))
+        else:
+            inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [nb]))
+            feeds["b"] = bias
+    node = helper.make_node(op, names, ["y"], **attrs)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)
+    graph = helper.make_graph([node], "g", inputs, [out], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9), feeds
+
+
+def _check(op, x_shape, w_shape, attrs, b=True, const_w=True):
+    m, feeds = _model(op, x_shape, w_shape, b, attrs, const_w)
+    ref = _ort(m, feeds)
+    m, feeds = _model(op, x_shape, w_shape, b, attrs, const_w, list(ref.shape))
+    _close(run_node(m, feeds), ref)
+
+
+CONV_CASES = [
+    # (x_shape, w_shape, attrs, bias, const weight)
+    ((1, 3, 7, 7), (5, 3, 3, 3), {}, True, True),
+    ((2, 3, 7, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, False, False),
+    ((1, 4, 13, 11), (6, 2, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 0, 1, 2]}, True, True),
+    ((1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, True, True),  # depthwise
+    ((1, 6, 10, 10), (12, 1, 5, 5), {"group": 6, "strides": [2, 2], "auto_pad": "SAME_UPPER"}, True, True),
+    ((1, 3, 10, 9), (4, 3, 4, 4), {"strides": [3, 2], "auto_pad": "SAME_LOWER"}, True, True),
+    ((1, 3, 12, 12), (4, 3, 3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}, True, False),
+    ((1, 3, 11, 12), (5, 3, 3, 2), {"auto_pad": "VALID", "strides": [2, 1]}, True, True),
+    ((1, 2, 5, 5), (3, 2, 7, 7), {"pads": [3, 3, 3, 3]}, True, True),  # kernel larger than input
+    ((1, 16, 7, 13), (9, 16, 1, 1), {}, True, True),  # 1x1 GEMM path
+    ((2, 130, 3, 50), (7, 130, 1, 1), {}, False, False),  # GEMM: tile tail, runtime weight
+    ((1, 8, 5, 5), (6, 4, 1, 1), {"group": 2}, True, True),  # grouped GEMM
+    ((1, 8, 9, 9), (5, 8, 1, 1), {"strides": [2, 2]}, True, True),  # strided 1x1: direct path
+    ((1, 1, 1, 1), (1, 1, 1, 1), {}, True, True),
+    ((2, 3, 17), (4, 3, 5), {"pads": [2, 1], "strides": [2]}, True, True),  # 1-D
+    ((1, 4, 13), (4, 1, 3), {"group": 4, "dilations": [2], "pads": [2, 1]}, False, True),
+    ((1, 4, 13), (8, 1, 4), {"group": 4, "strides": [3], "auto_pad": "SAME_UPPER"}, False, True),
+    ((1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 0, 1, 1, 1, 0], "strides": [1, 2, 1]}, True, True),  # 3-D
+    ((1, 3, 6, 6), (5, 3, 3, 3), {"kernel_shape": [3, 3], "strides": [1, 1]}, True, True),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "b", "const_w"), CONV_CASES)
+def test_conv(x_shape, w_shape, attrs, b, const_w):
+    _check("Conv", x_shape, w_shape, attrs, b, const_w)
+
+
+CONVT_CASES = [
+    ((1, 3, 5, 5), (3, 4, 3, 3), {}, True, True),
+    ((2, 3, 5, 4), (3, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, False, False),
+    ((1, 4, 5, 5), (4, 3, 3, 3), {"group": 2, "strides": [2, 3], "output_padding": [1, 2]}, True, True),
+    ((1, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "dilations": [2, 1], "pads": [1, 0, 2, 1]}, True, True),
+    ((1, 2, 5, 5), (2, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}, True, True),
+    ((1, 2, 5, 5), (2, 3, 4, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}, True, True),
+    ((1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [10, 9]}, True, True),
+    ((1, 2, 4, 4), (2, 3, 3, 3), {"strides": [3, 2], "auto_pad": "VALID"}, True, True),
+    ((1, 3, 7), (3, 2, 4), {"strides": [3], "pads": [1, 2]}, True, True),  # 1-D
+    ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), {"strides": [2, 1, 2]}, True, True),  # 3-D
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "b", "const_w"), CONVT_CASES)
+def test_conv_transpose(x_shape, w_shape, attrs, b, const_w):
+    _check("ConvTranspose", x_shape, w_shape, attrs, b, const_w)
+
+
+def test_conv_bad_auto_pad():
+    m, feeds = _model("Conv", (1, 2, 5, 5), (2, 2, 3, 3), False, {"auto_pad": "BOGUS"}, True, [1, 2, 3, 3])
+    with pytest.raises(TemplateError, match="auto_pad"):
+        run_node(m, feeds)
+
+
+def test_conv_bad_kernel_shape():
+    m, feeds = _model("Conv", (1, 2, 5, 5), (2, 2, 3, 3), False, {"kernel_shape": [2, 2]}, True, [1, 2, 3, 3])
+    with pytest.raises(TemplateError, match="kernel_shape"):
+        run_node(m, feeds)
+
+
+def test_epilogue_store(monkeypatch):
+    """With call.direct False every element goes through store exactly once (here a fused Relu)."""
+    import dlcc.codegen.templates as templates
+
+    real = templates.TemplateCall
+
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+        return real(node, operands, shape, dtype, lambda idx, v: store(idx, f"fmaxf({v}, 0.0f)"), scratch,
+                    False, names, pack)
+
+    monkeypatch.setattr(templates, "TemplateCall", fake)
+    for op, xs, ws, attrs in [("Conv", (1, 3, 7, 6), (6, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+                              ("Conv", (1, 5, 7, 6), (6, 5, 1, 1), {}),
+                              ("ConvTranspose", (1, 3, 4, 5), (3, 5, 3, 3), {"strides": [2, 2]})]:
+        m, feeds = _model(op, xs, ws, True, attrs, True)
+        ref = _ort(m, feeds)
+        m, feeds = _model(op, xs, ws, True, attrs, True, list(ref.shape))
+        _close(run_node(m, feeds), np.maximum(ref, 0))

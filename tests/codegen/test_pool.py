@@ -1,0 +1,136 @@
+"""MaxPool / AveragePool / global pools / LRN templates against onnxruntime.
+
+Averages and LRN sums run in a different order than onnxruntime: compared with rtol 1e-4 (DESIGN:
+reductions); MaxPool/GlobalMaxPool are exact selections (rtol 1e-5).
+"""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from dlcc.codegen.cbase import TemplateError
+from dlcc.codegen.harness import run_node
+
+
+def _ort(model, feeds):
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)[0]
+
+
+def _close(got, ref, rtol=1e-4, atol=1e-6):
+    assert got.shape == ref.shape
+    assert np.max(np.abs(got - ref)) <= rtol * np.max(np.abs(ref)) + atol
+
+
+def _model(op, x_shape, attrs, out_shape=None, opset=21, outputs=("y",)):
+    node = helper.make_node(op, ["x"], list(outputs), **attrs)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT if i == 0 else TensorProto.INT64,
+                                          out_shape if i == 0 else None) for i, o in enumerate(outputs)]
+    graph = helper.make_graph([node], "g", inputs, outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def _check(op, x_shape, attrs, rtol=1e-4, opset=21):
+    rng = np.random.default_rng(sum(x_shape))
+    feeds = {"x": rng.standard_normal(x_shape, dtype=np.float32)}
+    ref = _ort(_model(op, x_shape, attrs, opset=opset), feeds)
+    m = _model(op, x_shape, attrs, list(ref.shape), opset=opset)
+    _close(run_node(m, feeds), ref, rtol)
+
+
+POOL_CASES = [
+    ((1, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((2, 2, 7, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 2, 13, 11), {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [1, 0, 0, 1]}),
+    # ceil_mode: the last window of dim 0 would start in the right padding -> dropped
+    ((1, 2, 5, 7), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ((1, 2, 6, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 1, 7, 7), {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 1, 0, 0], "ceil_mode": 1}),
+    ((1, 2, 9, 10), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 9, 10), {"kernel_shape": [4, 3], "strides": [3, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 9, 10), {"kernel_shape": [3, 3], "auto_pad": "VALID"}),
+    ((1, 2, 17), {"kernel_shape": [4], "strides": [3], "pads": [2, 1]}),  # 1-D
+    ((1, 2, 6, 5, 7), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [0, 1, 1, 1, 1, 0]}),  # 3-D
+    ((1, 1, 1, 1), {"kernel_shape": [1, 1]}),
+]
+
+MAX_ONLY = [
+    ((1, 2, 11, 12), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 1, 2, 1]}),
+    ((1, 2, 10, 9), {"kernel_shape": [2, 3], "dilations": [2, 1], "strides": [2, 2], "ceil_mode": 1}),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES + MAX_ONLY)
+def test_maxpool(x_shape, attrs):
+    _check("MaxPool", x_shape, attrs, rtol=1e-5)
+
+
+@pytest.mark.parametrize("include", [0, 1])
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES)
+def test_averagepool(x_shape, attrs, include):
+    _check("AveragePool", x_shape, {**attrs, "count_include_pad": include})
+
+
+@pytest.mark.parametrize("x_shape", [(2, 3, 5, 7), (1, 13, 1, 1), (1, 2, 3), (1, 3, 4, 3, 5), (2, 2, 16, 16)])
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pool(op, x_shape):
+    _check(op, x_shape, {}, rtol=1e-4 if op == "GlobalAveragePool" else 1e-5)
+
+
+@pytest.mark.parametrize(("x_shape", "attrs"), [
+    ((1, 7, 5, 5), {"size": 3}),
+    ((2, 13, 4, 3), {"size": 5, "alpha": 0.01, "beta": 0.5, "bias": 2.0}),
+    ((1, 5, 6, 1), {"size": 1, "alpha": 0.1}),
+    ((1, 1, 3, 3), {"size": 5}),
+])
+def test_lrn(x_shape, attrs):
+    _check("LRN", x_shape, attrs)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_lrn_even_size(size):
+    # onnxruntime rejects even sizes: compare with the ONNX definition in numpy
+    x = np.random.default_rng(size).standard_normal((1, 6, 3, 4), dtype=np.float32)
+    alpha, beta, bias = 0.3, 0.75, 1.5
+    sq = np.zeros_like(x)
+    for c in range(6):
+        lo, hi = max(0, c - (size - 1) // 2), min(5, c + size - 1 - (size - 1) // 2)
+        sq[:, c] = np.sum(x[:, lo:hi + 1] ** 2, axis=1)
+    ref = x / (bias + alpha / size * sq) ** beta
+    m = _model("LRN", x.shape, {"size": size, "alpha": alpha, "beta": beta, "bias": bias}, list(x.shape))
+    _close(run_node(m, {"x": x}), ref)
+
+
+def test_epilogue_store(monkeypatch):
+    """With call.direct False every element goes through store exactly once (here a fused Relu)."""
+    import dlcc.codegen.templates as templates
+
+    real = templates.TemplateCall
+
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+        return real(node, operands, shape, dtype, lambda idx, v: store(idx, f"fmaxf({v}, 0.0f)"), scratch,
+                    False, names, pack)
+
+    monkeypatch.setattr(templates, "TemplateCall", fake)
+    x = np.random.default_rng(1).standard_normal((1, 3, 7, 6), dtype=np.float32)
+    for op, attrs in [("MaxPool", {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1]}),
+                      ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+                      ("GlobalAveragePool", {}), ("GlobalMaxPool", {}), ("LRN", {"size": 3})]:
+        ref = _ort(_model(op, x.shape, attrs), {"x": x})
+        got = run_node(_model(op, x.shape, attrs, list(ref.shape)), {"x": x})
+        _close(got, np.maximum(ref, 0))
+
+
+def test_maxpool_indices_unsupported():
+    m = _model("MaxPool", (1, 1, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2]}, [1, 1, 2, 2],
+               outputs=("y", "i"))
+    with pytest.raises(TemplateError, match="Indices"):
+        run_node(m, {"x": np.zeros((1, 1, 4, 4), np.float32)})
+
+
+def test_pool_bad_auto_pad():
+    m = _model("MaxPool", (1, 1, 4, 4), {"kernel_shape": [2, 2], "auto_pad": "BOGUS"}, [1, 1, 3, 3])
+    with pytest.raises(TemplateError, match="auto_pad"):
+        run_node(m, {"x": np.zeros((1, 1, 4, 4), np.float32)})
