@@ -34,6 +34,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/optimizers.py
 	$(BIN)/python bench/fusion.py
 	$(BIN)/python bench/algebra.py
+	$(BIN)/python bench/compiled.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -33,6 +33,18 @@ def small_model() -> onnx.ModelProto:
     return m
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_build_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Compiled libraries go to a cache private to the test session, never the user's ~/.cache/dlcc."""
+    import os
+
+    if "DLCC_CACHE_DIR" not in os.environ:
+        path = tmp_path_factory.mktemp("dlcc-cache")
+        path.chmod(0o700)
+        os.environ["DLCC_CACHE_DIR"] = str(path)
+    yield
+
+
 @pytest.fixture
 def small_path(tmp_path: Path) -> Path:
     p = tmp_path / "small.onnx"

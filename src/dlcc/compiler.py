@@ -2,7 +2,9 @@
 
 What goes in: a model (path, bytes, ModelProto or onnx_ir model — an onnx_ir model is copied, not
 changed) and options: ``input_shapes`` to fix symbolic dims, ``fusion`` (auto | tvm | dnnfusion),
-``portable`` (generic compiler flags instead of -march=native), ``level`` (graph optimization level).
+``portable`` (generic compiler flags instead of -march=native), ``level`` (graph optimization level),
+``constants`` (input name -> array: inputs that are really parameters, such as axes or scales, frozen
+into the model so the code can be specialized to them).
 What comes out: ``Artifacts`` (every stage's result, for the bundle writer, reports and tests), from
 ``build_artifacts``; ``compile`` returns the loaded ``CompiledModel``.
 
@@ -51,7 +53,8 @@ def _copy(model: ir.Model) -> ir.Model:
 
 
 def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
-                    level: int = 3, on_stage: Callable[[str], None] | None = None) -> Artifacts:
+                    level: int = 3, on_stage: Callable[[str], None] | None = None,
+                    constants: Mapping[str, object] | None = None) -> Artifacts:
     from dlcc.api import optimize
     from dlcc.codegen.program import generate
     from dlcc.frontend.load import load
@@ -72,6 +75,8 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
             on_stage(name)
 
     m = _copy(model) if isinstance(model, ir.Model) else load(model)
+    if constants:
+        freeze_inputs(m, constants)
     if input_shapes:
         set_input_shapes(m, input_shapes)
     symbolic = symbolic_inputs(m)
@@ -91,9 +96,24 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
         raise DlccError(f"the C backend does not support {sum(missing.values())} node(s): {listing}",
                         hint="`dlcc optimize` still writes optimized ONNX for this model")
     _check_static(m)
-    plan = plan_fusion(m, fusion)
-    stage("fusion")
-    program = lower(m, plan)
+    if fusion == "auto":
+        # both planners, judged by what the backend really moves: the bytes each kernel reads and writes
+        # once lowered (a group whose ops must be materialized inside it costs what it costs)
+        candidates = []
+        for name in ("tvm", "dnnfusion"):
+            plan = plan_fusion(m, name)
+            program = lower(m, plan)
+            candidates.append((program_traffic(program), name, plan, program))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        traffic, _, plan, program = candidates[0]
+        plan.reason = "auto: " + ", ".join(f"{n} {t / 1e6:.1f} MB in {len(p.kernels)} kernels"
+                                           for t, n, _, p in sorted(candidates, key=lambda c: c[1])) + \
+            f" of kernel traffic; chose {plan.planner}"
+        stage("fusion")
+    else:
+        plan = plan_fusion(m, fusion)
+        stage("fusion")
+        program = lower(m, plan)
     stage("lower")
     memory = plan_program_memory(program)
     stage("memory")
@@ -102,29 +122,84 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
     return Artifacts(m, plan, program, memory, csource, timings)
 
 
+def program_traffic(program) -> int:
+    """Bytes the kernels of ``program`` read and write (each buffer once per kernel; views count as the
+    bytes they cover): the memory traffic the fusion plan leaves to the generated code."""
+    total = 0
+    for k in program.kernels:
+        for bid in dict.fromkeys([*k.reads, *k.writes]):
+            total += program.buffers[bid].nbytes
+    return total
+
+
+def freeze_inputs(m: ir.Model, constants: Mapping[str, object]) -> None:
+    """Turn graph inputs into constants (initializers) with the given values: for inputs that are really
+    parameters (axes, pads, scales...), which the compiled code needs at compile time."""
+    import numpy as np
+
+    by_name = {v.name: v for v in m.graph.inputs}
+    for name, value in constants.items():
+        v = by_name.get(name)
+        if v is None:
+            raise DlccError(f"cannot freeze unknown input '{name}'", hint=f"inputs: {', '.join(by_name)}")
+        array = np.asarray(value)
+        if v.dtype is not None and np.dtype(v.dtype.numpy()) != array.dtype:
+            raise DlccError(f"the value for input '{name}' is {array.dtype}, the input is {v.dtype}")
+        m.graph.inputs.remove(v)
+        v.const_value = ir.Tensor(array)
+        v.shape = ir.Shape(array.shape)
+        m.graph.register_initializer(v)
+
+
 def _lift_constants(m: ir.Model) -> None:
     from onnx_ir.passes.common import LiftConstantsToInitializersPass
 
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(m)
 
 
+def _feeding_inputs(values, inputs: set) -> list[str]:
+    """Names of the graph inputs that ``values`` are computed from."""
+    seen, stack, found = set(), [v for v in values if v is not None], []
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in inputs:
+            found.append(v.name)
+        elif v.producer() is not None:
+            stack.extend(x for x in v.producer().inputs if x is not None)
+    return sorted(set(found))
+
+
 def _check_static(m: ir.Model) -> None:
+    from dlcc.codegen.cbase import TemplateError
+
+    inputs = set(m.graph.inputs)
     for node in m.graph:
         for v in node.outputs:
             if v.shape is None or not all(isinstance(d, int) for d in v.shape) or v.dtype is None:
+                params = _feeding_inputs(node.inputs[1:], inputs)
+                if params:
+                    raise TemplateError(
+                        f"the shape of '{v.name}' ({node.op_type}) depends on the value of input(s) "
+                        f"{', '.join(params)}: they must be a constant for compilation",
+                        hint="freeze them: dlcc.compile(model, constants={name: array})")
                 raise DlccError(f"the shape of '{v.name}' (output of {node.op_type}) is not static after "
                                 "shape inference", hint="fix the input shapes with --input-shape")
 
 
 def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
-                  portable: bool = False, level: int = 3, on_stage: Callable[[str], None] | None = None):
+                  portable: bool = False, level: int = 3, on_stage: Callable[[str], None] | None = None,
+                  constants: Mapping[str, object] | None = None):
     """Compile ``model`` to a ``CompiledModel`` (see the module docstring)."""
     import numpy as np
 
     from dlcc.build.cc import build_shared
     from dlcc.build.runtime import CompiledModel, aligned_empty
 
-    art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage)
+    art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage,
+                          constants=constants)
     t = time.perf_counter()
     lib = build_shared({"model.c": art.csource.source, "model.h": art.csource.header}, portable=portable)
     art.timings["cc"] = time.perf_counter() - t

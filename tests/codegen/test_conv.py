@@ -26,10 +26,10 @@ def _close(got, ref, rtol=1e-4, atol=1e-6):
 
 def _model(op, x_shape, w_shape, b, attrs, const_w, out_shape=None, opset=21):
     rng = np.random.default_rng(len(x_shape) * 7 + sum(w_shape))
-    x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal(w_shape, dtype=np.float32)
     nb = w_shape[0] if op == "Conv" else w_shape[1] * attrs.get("group", 1)
     bias = rng.standard_normal((nb,), dtype=np.float32)
+    x = rng.standard_normal(x_shape, dtype=np.float32)
     feeds = {"x": x}
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
     inits = []
@@ -80,6 +80,17 @@ CONV_CASES = [
     ((1, 4, 13), (8, 1, 4), {"group": 4, "strides": [3], "auto_pad": "SAME_UPPER"}, False, True),
     ((1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 0, 1, 1, 1, 0], "strides": [1, 2, 1]}, True, True),  # 3-D
     ((1, 3, 6, 6), (5, 3, 3, 3), {"kernel_shape": [3, 3], "strides": [1, 1]}, True, True),
+    ((1, 3, 6, 40), (7, 3, 1, 11), {"pads": [0, 5, 0, 5]}, True, True),  # long row, 11 taps
+    ((1, 5, 9, 30), (13, 5, 3, 3), {"pads": [1, 1, 1, 1]}, True, False),  # channel blocks 6+6+1, overlap tile
+    ((1, 4, 4, 37), (6, 4, 2, 3), {"strides": [1, 3], "pads": [0, 2, 1, 1]}, True, True),  # strided lanes
+    # small planes (im2col + GEMM path)
+    ((2, 10, 7, 7), (12, 10, 3, 3), {"pads": [1, 1, 1, 1]}, True, True),
+    ((1, 20, 9, 9), (7, 20, 3, 3), {"pads": [1, 1, 1, 1]}, False, True),  # 3 chunks of input channels
+    ((1, 30, 20, 20), (6, 30, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True, True),  # 5 chunks
+    ((1, 40, 9, 9), (13, 40, 3, 3), {"strides": [2, 2], "pads": [1, 0, 0, 1]}, True, True),
+    ((1, 16, 6, 6), (12, 8, 3, 3), {"group": 2, "dilations": [2, 1], "pads": [2, 1, 2, 1]}, True, True),
+    ((1, 8, 20), (8, 8, 5), {"pads": [2, 2]}, True, True),
+    ((1, 3, 4, 5, 6), (6, 3, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}, True, True),
 ]
 
 
@@ -99,6 +110,9 @@ CONVT_CASES = [
     ((1, 2, 4, 4), (2, 3, 3, 3), {"strides": [3, 2], "auto_pad": "VALID"}, True, True),
     ((1, 3, 7), (3, 2, 4), {"strides": [3], "pads": [1, 2]}, True, True),  # 1-D
     ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), {"strides": [2, 1, 2]}, True, True),  # 3-D
+    ((1, 3, 5, 9), (3, 4, 3, 5), {"strides": [3, 2], "dilations": [2, 3], "pads": [1, 2, 0, 3]}, True, True),
+    ((1, 2, 2, 2), (2, 2, 1, 1), {"strides": [4, 4]}, True, True),  # outputs with no taps: bias only
+    ((1, 7, 3, 20), (7, 13, 2, 3), {"strides": [1, 2], "output_padding": [0, 1]}, True, False),
 ]
 
 
@@ -132,8 +146,39 @@ def test_epilogue_store(monkeypatch):
     monkeypatch.setattr(templates, "TemplateCall", fake)
     for op, xs, ws, attrs in [("Conv", (1, 3, 7, 6), (6, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
                               ("Conv", (1, 5, 7, 6), (6, 5, 1, 1), {}),
+                              ("Conv", (1, 8, 7, 6), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # im2col
+                              ("Conv", (1, 5, 20, 20), (7, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
                               ("ConvTranspose", (1, 3, 4, 5), (3, 5, 3, 3), {"strides": [2, 2]})]:
         m, feeds = _model(op, xs, ws, True, attrs, True)
         ref = _ort(m, feeds)
         m, feeds = _model(op, xs, ws, True, attrs, True, list(ref.shape))
         _close(run_node(m, feeds), np.maximum(ref, 0))
+
+
+@pytest.mark.parametrize(("op", "ws", "attrs"), [
+    ("Conv", (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("Conv", (6, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # im2col
+    ("Conv", (5, 3, 1, 1), {}),  # 1x1 on a non-contiguous input: no flat GEMM view
+    ("ConvTranspose", (3, 4, 3, 3), {"strides": [2, 2]}),
+])
+def test_strided_input(monkeypatch, op, ws, attrs):
+    """X given as a strided window (every other column of a wider buffer)."""
+    import dlcc.codegen.templates as templates
+    from dlcc.codegen.cbase import Operand, TensorRef
+
+    real = templates.TemplateCall
+
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+        big = operands[0].ref
+        view = TensorRef(big.ptr, big.dtype, (*big.shape[:3], big.shape[3] // 2), (*big.strides[:3], 2), 1)
+        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack)
+
+    xs = (1, 3, 7, 9)
+    m, feeds = _model(op, xs, ws, True, attrs, True)
+    ref = _ort(m, feeds)
+    wide = np.zeros((1, 3, 7, 18), np.float32)
+    wide[..., 1::2] = feeds["x"]
+    wide[..., 0::2] = np.nan  # must never be read
+    m, _ = _model(op, (1, 3, 7, 18), ws, True, attrs, True, list(ref.shape))
+    monkeypatch.setattr(templates, "TemplateCall", fake)
+    _close(run_node(m, {"x": wide}), ref)

@@ -56,19 +56,19 @@ POOL_CASES = [
     ((1, 1, 1, 1), {"kernel_shape": [1, 1]}),
 ]
 
-MAX_ONLY = [
+DILATED = [
     ((1, 2, 11, 12), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 1, 2, 1]}),
     ((1, 2, 10, 9), {"kernel_shape": [2, 3], "dilations": [2, 1], "strides": [2, 2], "ceil_mode": 1}),
 ]
 
 
-@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES + MAX_ONLY)
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES + DILATED)
 def test_maxpool(x_shape, attrs):
     _check("MaxPool", x_shape, attrs, rtol=1e-5)
 
 
 @pytest.mark.parametrize("include", [0, 1])
-@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES)
+@pytest.mark.parametrize(("x_shape", "attrs"), POOL_CASES + DILATED)
 def test_averagepool(x_shape, attrs, include):
     _check("AveragePool", x_shape, {**attrs, "count_include_pad": include})
 
@@ -134,3 +134,31 @@ def test_pool_bad_auto_pad():
     m = _model("MaxPool", (1, 1, 4, 4), {"kernel_shape": [2, 2], "auto_pad": "BOGUS"}, [1, 1, 3, 3])
     with pytest.raises(TemplateError, match="auto_pad"):
         run_node(m, {"x": np.zeros((1, 1, 4, 4), np.float32)})
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 1], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [2, 3], "pads": [0, 1, 1, 1]}),
+    ("GlobalAveragePool", {}),
+    ("GlobalMaxPool", {}),
+    ("LRN", {"size": 3}),
+])
+def test_strided_input(monkeypatch, op, attrs):
+    """X given as a strided window (every other column of a wider buffer)."""
+    import dlcc.codegen.templates as templates
+    from dlcc.codegen.cbase import Operand, TensorRef
+
+    real = templates.TemplateCall
+
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+        big = operands[0].ref
+        view = TensorRef(big.ptr, big.dtype, (*big.shape[:3], big.shape[3] // 2), (*big.strides[:3], 2), 1)
+        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack)
+
+    x = np.random.default_rng(5).standard_normal((1, 3, 7, 9), dtype=np.float32)
+    ref = _ort(_model(op, x.shape, attrs), {"x": x})
+    wide = np.full((1, 3, 7, 18), np.nan, np.float32)  # the NaN columns must never be read
+    wide[..., 1::2] = x
+    m = _model(op, wide.shape, attrs, list(ref.shape))
+    monkeypatch.setattr(templates, "TemplateCall", fake)
+    _close(run_node(m, {"x": wide}), ref)

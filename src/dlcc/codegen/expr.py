@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import Names, TensorRef, c_float, c_helper, c_literal, ctype
+from dlcc.codegen.cbase import Names, TemplateError, TensorRef, c_float, c_helper, c_literal, ctype
 from dlcc.errors import DlccError
 
 __all__ = ["ELEMENTWISE", "INDEXED", "ExprGen", "broadcast_index", "value_dtype", "value_shape"]
@@ -260,9 +260,9 @@ ELEMENTWISE["Pow"] = _pow
 
 
 def _mod(node, a, t):
-    if _attr(node, "fmod", 0) or _is_float(t[0]):
+    if _attr(node, "fmod", 0):
         return f"fmodf({a[0]}, {a[1]})" if _is_float(t[0]) else f"dlcc_fmod_i({a[0]}, {a[1]})"
-    return f"dlcc_mod_i({a[0]}, {a[1]})"
+    return f"dlcc_mod_f({a[0]}, {a[1]})" if _is_float(t[0]) else f"dlcc_mod_i({a[0]}, {a[1]})"
 
 
 ELEMENTWISE["Mod"] = _mod
@@ -291,7 +291,7 @@ ELEMENTWISE["Where"] = lambda node, a, t: f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
 
 def _batchnorm(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
     if out_index != 0:
-        raise DlccError("BatchNormalization in training mode is not supported by the C backend")
+        raise TemplateError("BatchNormalization in training mode (outputs 1-2 used) is not supported by the C backend")
     x, scale, bias, mean, var = node.inputs[:5]
     eps = float(_attr(node, "epsilon", 1e-5))
     c = [idx[1]] if len(idx) > 1 else ["0"]
@@ -357,6 +357,10 @@ static inline int64_t dlcc_mod_i(int64_t a, int64_t b) {
     if (b == 0) return 0;
     int64_t r = a % b;
     return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float dlcc_mod_f(float a, float b) {
+    float r = fmodf(a, b);
+    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
 }
 static inline int64_t dlcc_f2i_int64_t(float x) {
     return x != x ? 0 : (x >= 9.2233720368547758e18f ? INT64_MAX

@@ -438,7 +438,14 @@ def _space_to_depth(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str],
     b = _blocksize(node)
     n, oc, h, w = idx
     cin = _in_shape(node)[1]
-    c, ij = _mod(oc, cin), _div(oc, cin)
+    mode = _attr(node, "mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "DCR":  # out channel = (i*b + j)*C + c
+        c, ij = _mod(oc, cin), _div(oc, cin)
+    elif mode == "CRD":  # out channel = c*b*b + i*b + j (opset 28)
+        c, ij = _div(oc, b * b), _mod(oc, b * b)
+    else:
+        raise TemplateError(f"SpaceToDepth: mode {mode!r} is not supported")
     i, j = _div(ij, b), _mod(ij, b)
     return gen.at(node.inputs[0], [n, c, _sum([_mul(h, b), i]), _sum([_mul(w, b), j])], stmts)
 
@@ -670,3 +677,33 @@ INDEXED.update({
     "Squeeze": _reshape,
     "Unsqueeze": _reshape,
 })
+
+
+# ------------------------------------------------------------------------- generators of static data
+
+def _shape_op(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    """Shape: the input's static shape (start/end attributes, opset 15) as a table indexed by idx[0]."""
+    shape = list(_in_shape(node))
+    rank = len(shape)
+    start = int(_attr(node, "start", 0))
+    end = _attr(node, "end")
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
+    dims = shape[start:end]
+    if not dims:
+        raise TemplateError("Shape: empty result")
+    table = ", ".join(f"INT64_C({d})" for d in dims)
+    return f"((const int64_t[]){{{table}}})[{idx[0]}]"
+
+
+def _constant_of_shape(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+    value = _attr(node, "value")
+    out = node.outputs[0]
+    if value is None:
+        return c_literal(0, value_dtype(out))
+    array = value.numpy().reshape(-1)
+    return c_literal(array[0], array.dtype)
+
+
+INDEXED["Shape"] = _shape_op
+INDEXED["ConstantOfShape"] = _constant_of_shape

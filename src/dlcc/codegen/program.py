@@ -57,10 +57,7 @@ class CSource:
 
 
 def prelude() -> str:
-    import contextlib
-
-    with contextlib.suppress(ModuleNotFoundError):
-        import dlcc.codegen.injective  # noqa: F401  (registers index-map handlers and their helpers)
+    import dlcc.codegen.injective  # noqa: F401  (registers index-map handlers and their helpers)
 
     return ("#include <stdint.h>\n#include <stddef.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n"
             + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))

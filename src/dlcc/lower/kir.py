@@ -141,9 +141,10 @@ def verify_program(p: Program) -> None:
             if base.dtype != b.dtype:
                 raise PassError(f"kernel IR: view {b.id} is {b.dtype} but its base is {base.dtype}")
     for k in p.kernels:
+        own = set(k.writes) | {p.root(b).id for b in k.writes}
         for bid in k.reads:
             root = p.root(bid).id
-            if bid not in avail and root not in avail and bid not in k.writes:
+            if bid not in avail and root not in avail and bid not in own and root not in own:
                 raise PassError(f"kernel IR: kernel {k.id} reads buffer {bid} before anything writes it")
         for bid in k.writes:
             if bid in written:

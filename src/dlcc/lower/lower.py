@@ -27,7 +27,8 @@ from collections import Counter
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import contiguous_strides
+import dlcc.codegen.injective  # noqa: F401  (registers the index-map ops in INDEXED)
+from dlcc.codegen.cbase import TemplateError, contiguous_strides
 from dlcc.codegen.expr import ELEMENTWISE, INDEXED, value_dtype, value_shape
 from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES
 from dlcc.errors import DlccError
@@ -45,8 +46,12 @@ def op_key(node: ir.Node) -> str:
 
 def supported(node: ir.Node) -> bool:
     key = op_key(node)
-    if key == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
-        return False
+    if key == "Dropout":  # inference only: no mask, training_mode absent or a constant false
+        if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
+            return False
+        mode = node.inputs[2] if len(node.inputs) > 2 else None
+        if mode is not None and (mode.const_value is None or bool(mode.const_value.numpy().any())):
+            return False
     return key in ELEMENTWISE or key in INDEXED or key in TEMPLATES or key in RESHAPE_LIKE or key == "Constant"
 
 
@@ -123,7 +128,7 @@ class _Lowering:
                 need.update(v for v in n.inputs if v is not None)
             for extra in n.outputs[1:] if _is_template(n) else ():
                 if extra.uses() or extra in self.graph_outputs:
-                    raise DlccError(f"{n.op_type}: only output 0 is supported by the C backend "
+                    raise TemplateError(f"{n.op_type}: only output 0 is supported by the C backend "
                                     f"(output {extra.index()} is used)")
         changed = True
         while changed:  # a reshape-like output held in a buffer is a view: its input gets the buffer
@@ -203,8 +208,11 @@ class _Lowering:
                 tail.reads.append(bid)
                 bid = dst
             outputs.append(bid)
-        for k in kernels:
+        kernels = [k for k in kernels if k.steps]  # groups of views only: nothing to run
+        for i, k in enumerate(kernels):
+            k.id = i
             self._fill_rw(k)
+        tail.id = len(kernels)
         if tail.steps:
             kernels.append(tail)
         program = Program(self.buffers, kernels, inputs, outputs, self.value_buffer,
@@ -270,7 +278,8 @@ def _constant_value(node: ir.Node) -> np.ndarray:
 
 
 def _concat_in_place(p: Program) -> None:
-    """Turn Concat-only kernels into no-ops where every input can be a slice view of the output."""
+    """Drop Concat loop steps whose inputs can be slice views of the output: each input is a temporary
+    written by an earlier kernel and read by nothing else, so its producer writes straight into the slice."""
     writer: dict[int, Kernel] = {}
     readers: Counter = Counter()
     for k in p.kernels:
@@ -279,30 +288,31 @@ def _concat_in_place(p: Program) -> None:
         for b in k.reads:
             readers[b] += 1
     based = {b.base for b in p.buffers.values() if b.kind == "view"}
-    keep = []
     for k in p.kernels:
-        node = k.nodes[0] if len(k.nodes) == 1 else None
-        if node is None or node.op_type != "Concat" or len(k.steps) != 1 or k.steps[0].kind != "loop":
-            keep.append(k)
-            continue
-        out = p.buffers[p.value_buffer[node.outputs[0]]]
-        ins = [p.value_buffer.get(v) for v in node.inputs]
-        ok = out.kind in ("temp", "output") and out.contiguous and len(set(ins)) == len(ins)
-        for bid in ins:
-            b = p.buffers.get(bid) if bid is not None else None
-            ok = (ok and b is not None and b.kind == "temp" and bid in writer and readers[bid] == 1
-                  and bid not in based and b.dtype == out.dtype)
-        if not ok:
-            keep.append(k)
-            continue
-        axis = node.attributes["axis"].value
-        axis = axis + len(out.shape) if axis < 0 else axis
-        start = 0
-        for bid in ins:
-            b = p.buffers[bid]
-            b.kind, b.base, b.offset, b.strides = "view", out.id, start * out.strides[axis], out.strides
-            start += b.shape[axis]
-    p.kernels = keep
+        for step in list(k.steps):
+            node = step.nodes[0] if step.kind == "loop" and len(step.nodes) == 1 else None
+            if node is None or op_key(node) != "Concat":
+                continue
+            out = p.buffers[p.value_buffer[node.outputs[0]]]
+            ins = [p.value_buffer.get(v) for v in node.inputs]
+            ok = out.kind in ("temp", "output") and out.contiguous and len(set(ins)) == len(ins)
+            for bid in ins:
+                b = p.buffers.get(bid) if bid is not None else None
+                ok = (ok and b is not None and b.kind == "temp" and bid in writer and writer[bid] is not k
+                      and readers[bid] == 1 and bid not in based and b.dtype == out.dtype)
+            if not ok:
+                continue
+            axis = node.attributes["axis"].value
+            axis = axis + len(out.shape) if axis < 0 else axis
+            start = 0
+            for bid in ins:
+                b = p.buffers[bid]
+                b.kind, b.base, b.offset, b.strides = "view", out.id, start * out.strides[axis], out.strides
+                start += b.shape[axis]
+                k.reads.remove(bid)
+            k.steps.remove(step)
+            k.writes.remove(out.id)
+    p.kernels = [k for k in p.kernels if k.steps]
     for i, k in enumerate(p.kernels):
         k.id = i
 

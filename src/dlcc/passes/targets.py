@@ -91,10 +91,12 @@ DLCC_C_OPS = frozenset({
     "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where",
     # reductions and normalization
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ArgMax", "ArgMin",
-    "Softmax", "LogSoftmax", "LayerNormalization",
+    "Softmax", "LogSoftmax", "LayerNormalization", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+    "BatchNormalization", "InstanceNormalization", "RMSNormalization",
     # data movement
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Concat", "Split", "Gather",
-    "Pad", "Resize", "Expand", "Tile", "Shape", "Constant", "ConstantOfShape",
+    "Pad", "Resize", "Expand", "Tile", "Shape", "Constant", "ConstantOfShape", "DepthToSpace", "SpaceToDepth",
+    "GatherElements", "Upsample",
     CHANNEL_SHUFFLE,
 })
 

@@ -3,24 +3,29 @@
 What goes in: a ``TemplateCall`` for a Conv or ConvTranspose node: X (a buffer), W (usually a constant),
 optional bias B. What comes out: C that computes every output element once and hands it to ``store``.
 
-Loop structure (direct convolution, any spatial rank): for each (n, group, block of up to 4 output
-channels) the template accumulates the block's output planes in ``call.scratch`` (the destination):
-loops (input channel, k0, t0, k1, t1, ...) where for every kernel tap ``k_d`` the range of ``t_d`` whose
-input position is inside the input is precomputed at compile time (``window_dim``), so padding needs no
-per-element test and the innermost ``t`` loop is branch-free and contiguous on the output (Conv) or the
-input (ConvTranspose). The 4 output channels of a block share each input load. Then ``store`` is applied
-to the block's elements (skipped when ``call.direct``).
-
-A 1x1, stride 1, unpadded Conv is a GEMM per (n, group): out[oc, p] = sum_ic W[oc, ic] * X[ic, p]; it
-accumulates a (4 x 128) tile in local arrays and stores from them.
+Both ops run as a register-blocked direct convolution in gather form (``_direct``): for each (n, group,
+outer output position, block of 6 output channels), tiles of 2 vectors of the last spatial dim accumulate
+in GCC vector registers (``dlcc_vf``: 16 floats on an AVX-512 host, else 8) over (input channel, valid
+outer taps, last-dim taps); each input vector load feeds 6 FMAs and each weight broadcast 2. The constant
+weight is repacked at compile time as [group][channel block][ic][taps][6] so weight reads are sequential.
+Padding costs no per-element test: the valid outer taps of each output row come from compile-time tables,
+interior tiles use plain vector loads in a loop, and the few tiles at a row's borders are generated with
+literal positions where lanes reading the padding get literal zeros.
+- Conv: the last dim is one phase (input position u*stride - pad + k*dilation). A 1x1, stride 1,
+  unpadded Conv views the spatial dims as one row: a GEMM with 6 x 2-vector register tiles. Small planes
+  with short rows (or a strided last dim) use ``_conv_im2col``: receptive fields gathered into a < 32 KB
+  stack buffer per chunk of input channels, then the same GEMM tiles over the flattened positions.
+- ConvTranspose: the output o = i*stride - pad + k*dilation is split by residue o mod stride into
+  phases, each a stride-1 convolution over the input (no scatter, no zero-stuffing).
+Results go through ``store`` from a small local array (im2col: from ``call.scratch`` at the end).
 
 Sums run in a different order than onnxruntime: tests compare with rtol 1e-4 (DESIGN: conv/matmul).
-``window_dim``/``window_nest`` are shared with the pooling templates (``pool.py``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,16 +34,32 @@ import numpy as np
 from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, c_helper, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
 
-c_helper("dlcc_v8", """typedef float dlcc_v8 __attribute__((vector_size(32)));
-static inline dlcc_v8 dlcc_v8_load(const float* p) { dlcc_v8 v; memcpy(&v, p, sizeof v); return v; }
-static inline void dlcc_v8_store(float* p, dlcc_v8 v) { memcpy(p, &v, sizeof v); }""")
 
-__all__ = ["WinDim", "lin", "spatial_pads", "window_dim", "window_nest"]
+def _host_lanes() -> int:
+    """Floats per accumulator vector: 16 when the compiling host has AVX-512 (the C is built with
+    -march=native), else 8. Only speed depends on it: GCC lowers wider vectors on any target."""
+    override = os.environ.get("DLCC_CONV_LANES")
+    if override in ("8", "16"):
+        return int(override)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return 16 if " avx512f" in f.read() else 8
+    except OSError:
+        return 8
 
-OC_BLOCK = 4  # output channels accumulated together (share input loads)
-VEC_TILE = 16  # positions of the last spatial dim per register tile
-LANES = 8  # floats per dlcc_v8 vector
-UNROLL_TAPS = 8  # the taps of the last kernel dim are unrolled up to this size
+
+LANES = _host_lanes()
+OC_BLOCK = 6  # output channels accumulated together (share input loads): 6 x 2 vector accumulators
+COL_FLOATS = 7168  # the im2col stack buffer (28 KB)
+# im2col is used for short rows (or a strided last dim) when a chunk of input channels gives at least this
+# reduction length (measured: shorter chunks lose to the direct path's register tiles)
+IM2COL_MIN_RED = 64
+IM2COL_MIN_RED_STRIDED = 16
+# GCC vector extension; unaligned load/store through memcpy. Macros, not
+# functions: returning a 32/64-byte vector from a function changes the ABI without AVX (-Wpsabi).
+c_helper(f"dlcc_vf{LANES}", f"""typedef float dlcc_vf __attribute__((vector_size({4 * LANES})));
+#define dlcc_vf_load(p) __extension__ ({{ dlcc_vf dlcc_vf_l_; memcpy(&dlcc_vf_l_, (p), {4 * LANES}); dlcc_vf_l_; }})
+#define dlcc_vf_store(p, v) do {{ dlcc_vf dlcc_vf_s_ = (v); memcpy((p), &dlcc_vf_s_, {4 * LANES}); }} while (0)""")
 
 
 def lin(*terms: int | tuple[str, int]) -> str:
@@ -61,83 +82,12 @@ def lin(*terms: int | tuple[str, int]) -> str:
     return " + ".join(parts)
 
 
-@dataclass
-class WinDim:
-    """One spatial dim of a windowed loop nest. For tap ``k`` (0..K-1), ``t`` runs over ``[lo[k], hi[k])``;
-    the written position is ``t*o[0] + k*o[1] + o[2]`` (stride ``ostride``), the read position
-    ``t*i[0] + k*i[1] + i[2]`` (stride ``istride``)."""
-
-    K: int
-    lo: list[int]
-    hi: list[int]
-    o: tuple[int, int, int]
-    i: tuple[int, int, int]
-    ostride: int
-    istride: int
-
-
-def window_dim(T: int, L: int, s: int, d: int, p: int, K: int, *, t_is_out: bool,
-               ostride: int, istride: int) -> WinDim:
-    """``t`` in [0, T) maps to the strided side ``t*s + k*d - p`` which must be in [0, L).
-    Conv/pool: t is the output position (t_is_out); ConvTranspose: t is the input position."""
-    lo, hi = [], []
-    for k in range(K):
-        a = -((k * d - p) // s)  # ceil((p - k*d) / s)
-        b = (L - 1 + p - k * d) // s + 1
-        a, b = max(0, a), min(T, b)
-        lo.append(a)
-        hi.append(max(a, b))
-    strided = (s, d, -p)
-    if t_is_out:
-        return WinDim(K, lo, hi, (1, 0, 0), strided, ostride, istride)
-    return WinDim(K, lo, hi, strided, (1, 0, 0), ostride, istride)
-
-
 def _table(names: Names, decls: list[str], values: list[int], k: str) -> str:
     if len(set(values)) == 1:
         return str(values[0])
     name = names("tab")
     decls.append(f"static const int64_t {name}[{len(values)}] = {{{', '.join(map(str, values))}}};")
     return f"{name}[{k}]"
-
-
-def window_nest(names: Names, dims: Sequence[WinDim], obases: Sequence[str], ibase: str,
-                pre: Callable[[list[str]], str], stmt: Callable[[list[str], str], str],
-                decls: list[str]) -> str:
-    """The loop nest (k0, t0, k1, t1, ...) over ``dims``. ``obases``: C pointer expressions of the written
-    planes (float*), ``ibase``: C pointer expression of the read plane. ``pre(ks)`` gives C statements before
-    the innermost t loop (kernel tap indices ``ks``), ``stmt(out_lvalues, in_expr)`` the innermost body.
-    Static range tables are appended to ``decls``."""
-    last = len(dims) - 1
-
-    def level(d: int, ks: list[str], oterms: list, iterms: list) -> str:
-        dim = dims[d]
-        k = names("k") if dim.K > 1 else "0"
-        lo = _table(names, decls, dim.lo, k)
-        hi = _table(names, decls, dim.hi, k)
-        t = names("t")
-        ks = [*ks, k]
-        oterms = [*oterms, (k, dim.o[1] * dim.ostride), dim.o[2] * dim.ostride]
-        iterms = [*iterms, (k, dim.i[1] * dim.istride), dim.i[2] * dim.istride]
-        head = f"for (int64_t {t} = {lo}; {t} < {hi}; ++{t}) {{"
-        if d == last:
-            ops = [names("po") for _ in obases]
-            ip = names("pi")
-            lines = [f"float* restrict {p} = {b} + ({lin(*oterms)});" for p, b in zip(ops, obases, strict=True)]
-            lines.append(f"const float* restrict {ip} = {ibase} + ({lin(*iterms)});")
-            lines.append(pre(ks))
-            oel = [f"{p}[{lin((t, dim.o[0] * dim.ostride))}]" for p in ops]
-            iel = f"{ip}[{lin((t, dim.i[0] * dim.istride))}]"
-            lines += [head, indent(stmt(oel, iel)), "}"]
-            body = "\n".join(x for x in lines if x)
-        else:
-            inner = level(d + 1, ks, [*oterms, (t, dim.o[0] * dim.ostride)], [*iterms, (t, dim.i[0] * dim.istride)])
-            body = f"{head}\n{indent(inner)}\n}}"
-        if dim.K > 1:
-            body = f"for (int64_t {k} = 0; {k} < {dim.K}; ++{k}) {{\n{indent(body)}\n}}"
-        return body
-
-    return level(0, [], [], [])
 
 
 def _ints(call: TemplateCall, name: str, n: int, default: int) -> list[int]:
@@ -178,29 +128,11 @@ def _buffer(call: TemplateCall, op: Operand | None, what: str) -> TensorRef:
         raise TemplateError(f"{call.node.op_type}: missing input {what}")
     if op.dtype != "float32":
         raise TemplateError(f"{call.node.op_type}: {what} is {op.dtype}; only float32 is supported")
-    if op.const is not None and call.pack is not None:
+    if op.ref is None and op.const is not None and call.pack is not None:
         return call.packed(np.asarray(op.const, dtype=np.float32))
     if op.ref is None:
         raise TemplateError(f"{call.node.op_type}: input {what} is not a buffer")
     return op.ref
-
-
-def _plane_init(call: TemplateCall, pre_idx: list[str], value: str) -> str:
-    sp = call.out_shape[len(pre_idx):]
-    _, code = loops(sp, call.names, lambda idx: f"{call.scratch.at([*pre_idx, *idx])} = {value};", "s")
-    return code
-
-
-def _plane_store(call: TemplateCall, pre_idx: list[str]) -> str:
-    if call.direct:
-        return ""
-    sp = call.out_shape[len(pre_idx):]
-    _, code = loops(sp, call.names, lambda idx: call.store([*pre_idx, *idx], call.scratch.at([*pre_idx, *idx])), "s")
-    return code
-
-
-def _ptr(ref: TensorRef, idx: list[str]) -> str:
-    return f"({ref.ptr} + ({ref.index(idx)}))"
 
 
 def _common(call: TemplateCall):
@@ -239,6 +171,8 @@ def _common(call: TemplateCall):
 
 @register("Conv", needs_buffers=True)
 def conv(call: TemplateCall) -> str:
+    if math.prod(call.out_shape) == 0:
+        return ""  # empty output: nothing to compute
     xref, w, bref, r, ks, group, strides, dils = _common(call)
     N, C, *ins = xref.shape
     M, Cg = w.shape[:2]
@@ -256,86 +190,117 @@ def conv(call: TemplateCall) -> str:
         # a 1x1 conv is a GEMM: view the spatial dims as one row of length P
         P = math.prod(ins)
         flat = TensorRef(xref.ptr, xref.dtype, (N, C, P), (*xref.strides[:2], 1), xref.offset)
-        return _conv_direct(call, flat, w, bref, group, [1], [1], [1], [0], lambda sp: _unflat(sp[0], outs))
-    return _conv_direct(call, xref, w, bref, group, ks, strides, dils, pb, lambda sp: sp)
+        xref, ins, outs_k, ks2, strides, dils, pb = flat, [P], [P], [1], [1], [1], [0]
+        out_sp = lambda sp: _unflat(sp[0], outs)  # noqa: E731
+    else:
+        outs_k, ks2, out_sp = outs, ks, (lambda sp: sp)
+    wconv = None
+    if w.const is not None and call.pack is not None:
+        wconv = np.asarray(w.const, dtype=np.float32).reshape(M, Cg, -1)
+    elif w.ref is None:
+        raise TemplateError("Conv: weight W must be a buffer")
+    Kp, P = math.prod(ks), math.prod(outs)
+    Pp = -(-P // LANES) * LANES
+    chunk = min(Cg, COL_FLOATS // (Kp * Pp)) * Kp  # reduction length per im2col chunk
+    if (wconv is not None and (Kp > 1 or strides[-1] > 1) and outs_k is outs and _flat_ok(call.scratch, 2)
+            and M // group >= OC_BLOCK and (outs[-1] < 2 * LANES or strides[-1] > 1)
+            and chunk >= (IM2COL_MIN_RED if strides[-1] == 1 else IM2COL_MIN_RED_STRIDED)):
+        return _conv_im2col(call, xref, wconv, bref, group, ks, strides, dils, pb)
+    kzero = ["0"] * (len(w.shape) - 2)
+
+    def wexpr(g: str, m: str, c: str, kk: list[str]) -> str:
+        return w.ref.at([lin((g, M // group), (m, 1)), c, *(kk if len(kk) == len(kzero) else kzero)])
+
+    outer = [_conv_taps(o, i, s, d, p, k) for o, i, s, d, p, k in
+             zip(outs_k[:-1], ins[:-1], strides[:-1], dils[:-1], pb[:-1], ks2[:-1], strict=True)]
+    phase = Phase(outs_k[-1], 0, 1, strides[-1],
+                  [(k, k * dils[-1] - pb[-1]) for k in range(ks2[-1])])
+    return _direct(call, xref, wconv, wexpr, bref, group, Cg, M // group, ks2, outer, [phase], out_sp)
 
 
-def _k_ranges(O: int, I: int, s: int, d: int, p: int, K: int) -> tuple[list[int], list[int]]:
-    """For each output position o: the taps k whose input position o*s - p + k*d is in [0, I)."""
-    lo, hi = [], []
-    for o in range(O):
-        a = max(0, -((o * s - p) // d))
-        b = min(K, (I - 1 + p - o * s) // d + 1)
-        lo.append(a)
-        hi.append(max(a, b))
-    return lo, hi
+@dataclass
+class Phase:
+    """Output positions ``OO + OS*u`` (u in [0, U)) of the last spatial dim; a tap ``(k, off)`` (kernel index
+    k of the last dim) reads the input position ``u*SL + off`` (when inside the input)."""
+
+    U: int
+    OO: int
+    OS: int
+    SL: int
+    taps: list[tuple[int, int]]
 
 
-def _conv_direct(call: TemplateCall, xref: TensorRef, w: Operand, bref: TensorRef | None, group: int,
-                 ks: list[int], strides: list[int], dils: list[int], pb: list[int],
-                 out_sp: Callable[[list[str]], list[str]]) -> str:
-    """Register-blocked direct convolution: a tile of (up to 4 output channels) x (up to 16 positions of
-    the last spatial dim) accumulates in a local array over (input channel, kernel taps); positions whose
-    window crosses the padding (the borders of the last dim) use a scalar loop with compile-time tap
-    ranges; the valid taps of the outer spatial dims come from per-row tables."""
+def _direct(call: TemplateCall, xref: TensorRef, wconv: np.ndarray | None,
+            wexpr: Callable[[str, str, str, list[str]], str], bref: TensorRef | None, group: int, Cg: int, Mg: int,
+            ks: list[int], outer: list[list[list[tuple[int, int]]]], phases: list[Phase],
+            out_sp: Callable[[list[str]], list[str]]) -> str:
+    """Register-blocked direct convolution (the gather form of Conv and ConvTranspose).
+
+    For each (n, group, outer output position, block of up to 6 output channels), tiles of 2 x LANES
+    positions of the last spatial dim accumulate in GCC vector registers over (input channel, outer taps,
+    last-dim taps). ``outer[d][o]`` lists the (tap k, input position) pairs that feed output row o of outer
+    dim d; ``phases`` describe the last dim. Lanes whose input position falls in the padding get literal
+    zeros (tiles at the row borders are generated with literal positions); tiles in the interior run in a
+    loop with plain vector loads. ``wconv``: the constant weight as (M, Cg, prod(ks)) in Conv layout, packed
+    as [group][block][ic][taps][6]; otherwise ``wexpr(g, m, ic, k indices)`` reads the runtime weight of
+    output channel g*Mg + m, input channel g*Cg + ic."""
     names = call.names
-    N, C, *ins = xref.shape
-    r = len(ins)
-    M, Cg = w.shape[:2]
-    Mg = M // group
-    outs = list(call.out_shape[2:]) if len(call.out_shape) - 2 == r else [math.prod(call.out_shape[2:])]
+    N = xref.shape[0]
+    r = len(ks)
+    IL = xref.shape[-1]
     Kp = math.prod(ks)
-    KL, SL, DL, PL, IL, OL = ks[-1], strides[-1], dils[-1], pb[-1], ins[-1], outs[-1]
     xs = xref.strides
     decls: list[str] = []
     n = names("n") if N > 1 else "0"
     g = names("g") if group > 1 else "0"
-    osp = [names("o") if o > 1 else "0" for o in outs[:-1]]  # outer output positions
+    O_outer = [len(rows) for rows in outer]
+    osp = [names("o") if o > 1 else "0" for o in O_outer]
 
-    packed = None
-    if w.const is not None and call.pack is not None:
-        wc = np.asarray(w.const, dtype=np.float32).reshape(M, Cg * Kp)
-        chunks = []
-        for gi in range(group):
-            for m0, nb in _block_list(Mg, OC_BLOCK):
-                chunks.append(wc[gi * Mg + m0: gi * Mg + m0 + nb].T.reshape(-1))  # [ic, k..., j]
-        packed = call.packed(np.concatenate(chunks))
-    elif w.ref is None:
-        raise TemplateError("Conv: weight W must be a buffer")
+    packed = _pack_blocks(call, wconv.reshape(group * Mg, Cg, Kp), group, Mg) if wconv is not None else None
 
-    def weights(ocs: list[str], gm0: str, c: str, kk: list[str]) -> tuple[list[str], Callable[[str], list[str]]]:
-        """(C statements declaring a weight row pointer, tap -> per-output-channel weight expressions)."""
-        nb = len(ocs)
-        if packed is not None:
-            wr = names("pw")
-            flat = lin((c, Kp // KL * KL), *[(k, math.prod(ks[d + 1:])) for d, k in enumerate(kk)])
-            decl = f"const float* restrict {wr} = {packed.ptr} + ({lin((gm0, Cg * Kp), (flat, nb))});"
-            return [decl], lambda kl: [f"{wr}[{lin((kl, nb), j)}]" for j in range(nb)]
-        if w.ref.rank - 2 == r:
-            return [], lambda kl: [w.ref.at([oc, c, *kk, kl]) for oc in ocs]
-        return [], lambda kl: [w.ref.at([oc, c, *["0"] * (w.ref.rank - 2)]) for oc in ocs]
+    # outer dims: (k expr, input position expr) per dim, with table-driven tap loops when needed
+    outer_plan = []
+    for d, rows in enumerate(outer):
+        single = all(len(t) == 1 and t[0][0] == 0 for t in rows)
+        lin_ok = single and (len(rows) == 1 or all(t[0][1] - rows[0][0][1] == o * (rows[1][0][1] - rows[0][0][1])
+                                                   for o, t in enumerate(rows)))
+        if lin_ok:
+            step = rows[1][0][1] - rows[0][0][1] if len(rows) > 1 else 0
+            outer_plan.append(("lin", "0", lin((osp[d], step), rows[0][0][1])))
+            continue
+        start, end, tk, ti = [], [], [], []
+        for t in rows:
+            start.append(len(tk))
+            tk += [k for k, _ in t]
+            ti += [i for _, i in t]
+            end.append(len(tk))
+        q = names("q")
+        if not tk:
+            tk, ti = [0], [0]
+        outer_plan.append(("tab", q, _table(names, decls, start, osp[d]), _table(names, decls, end, osp[d]),
+                           _table(names, decls, tk, q), _table(names, decls, ti, q)))
 
-    def outer_taps(body: Callable[[list[str]], str]) -> str:
-        """Loops over the valid taps of the outer spatial dims (tables indexed by the output position)."""
-        kk, tabs = [], []
-        for d in range(r - 1):
-            lo, hi = _k_ranges(outs[d], ins[d], strides[d], dils[d], pb[d], ks[d])
-            full = all(a == 0 and b == ks[d] for a, b in zip(lo, hi, strict=True))
-            kk.append("0" if ks[d] == 1 and full else names("k"))
-            tabs.append((lo, hi))
-        text = body(kk)
-        for d in reversed(range(r - 1)):
-            if kk[d] == "0":
+    def outer_taps(body: Callable[[list[str], list[str]], str]) -> str:
+        kk, ii, heads = [], [], []
+        for plan in outer_plan:
+            if plan[0] == "lin":
+                kk.append(plan[1])
+                ii.append(plan[2])
                 continue
-            lo_e, hi_e = _table(names, decls, tabs[d][0], osp[d]), _table(names, decls, tabs[d][1], osp[d])
-            text = f"for (int64_t {kk[d]} = {lo_e}; {kk[d]} < {hi_e}; ++{kk[d]}) {{\n{indent(text)}\n}}"
+            _, q, lo, hi, tk, ti = plan
+            k, i = names("k"), names("ih")
+            kk.append(k)
+            ii.append(i)
+            heads.append(f"for (int64_t {q} = {lo}; {q} < {hi}; ++{q}) {{\nconst int64_t {k} = {tk};\n"
+                         f"const int64_t {i} = {ti};")
+        text = body(kk, ii)
+        for h in reversed(heads):
+            text = f"{h}\n{indent(text)}\n}}"
         return text
 
-    def xrow(c: str, kk: list[str], last: str) -> str:
-        """C pointer to input element (n, g*Cg + c, outer positions, last)."""
+    def xrow(c: str, ii: list[str], last: str) -> str:
         terms = [(n, xs[0]), (lin((g, Cg), (c, 1)), xs[1])]
-        for d in range(r - 1):
-            terms += [(osp[d], strides[d] * xs[2 + d]), (kk[d], dils[d] * xs[2 + d]), -pb[d] * xs[2 + d]]
+        terms += [(i, xs[2 + d]) for d, i in enumerate(ii)]
         return f"{xref.ptr} + ({lin(xref.offset, *terms, (last, xs[-1]))})"
 
     def block(m0: str, nb: int) -> str:
@@ -344,96 +309,269 @@ def _conv_direct(call: TemplateCall, xref: TensorRef, w: Operand, bref: TensorRe
         init = [bref.at([oc]) if bref else "0.0f" for oc in ocs]
         parts = []
 
-        def tile(ow0: str, vt: int) -> str:
-            # vt positions: vt // 8 vector accumulators (GCC vector extension) + vt % 8 scalars per channel
-            c, kl, v = names("c"), names("kl"), names("v")
-            nvec, rem = divmod(vt, LANES)
-            accv = [[names("av") for _ in range(nvec)] for _ in ocs]
-            accs = [[names("as") for _ in range(rem)] for _ in ocs]
+        def weights(c: str, kk: list[str]) -> tuple[list[str], Callable[[int], list[str]]]:
+            if packed is not None:
+                wr = names("pw")
+                flat = lin((c, Kp), *[(k, math.prod(ks[d + 1:])) for d, k in enumerate(kk)])
+                decl = f"const float* restrict {wr} = {packed.ptr} + ({lin((gm0, Cg * Kp), (flat, nb))});"
+                return [decl], lambda kl: [f"{wr}[{kl * nb + j}]" for j in range(nb)]
+            return [], lambda kl: [wexpr(g, lin((m0, 1), j), c, [*kk, str(kl)]) for j in range(nb)]
+
+        def tile(ph: Phase, u0: str, lit: int | None, vecs: list[tuple[int, int]]) -> str:
+            """8-lane vectors of last-dim positions u, vector q at ``u0 + vecs[q][0]``, its lanes before
+            ``vecs[q][1]`` not stored (they overlap the previous vector). ``lit``: the value of u0 when
+            literal; then lanes reading the padding get literal zeros and lanes >= U are dead."""
+            c, v = names("c"), names("v")
+            accv = [[names("av") for _ in vecs] for _ in ocs]
             lines = []
             for jj in range(nb):
-                lines += [f"dlcc_v8 {a} = (dlcc_v8){{0}} + {init[jj]};" for a in accv[jj]]
-                lines += [f"float {a} = {init[jj]};" for a in accs[jj]]
-            sx = SL * xs[-1]
+                lines += [f"dlcc_vf {a} = (dlcc_vf){{0}} + {init[jj]};" for a in accv[jj]]
+            sx = ph.SL * xs[-1]
 
-            def inner(kk: list[str]) -> str:
+            def inner(kk: list[str], ii: list[str]) -> str:
                 xr = names("px")
-                wdecl, wexp = weights(ocs, gm0, c, kk)
-                body = [f"const float* restrict {xr} = {xrow(c, kk, lin((ow0, SL), -PL))};", *wdecl]
-                taps = [str(t) for t in range(KL)] if KL <= UNROLL_TAPS else [kl]
-                loop = []
-                for t in taps:
-                    base = lin((t, DL * xs[-1]))
-                    xv = [names("xv") for _ in range(nvec)]
+                wdecl, wexp = weights(c, kk)
+                body = [f"const float* restrict {xr} = {xrow(c, ii, lin((u0, ph.SL)))};", *wdecl]
+                for k, off in ph.taps:
+                    xv = [names("xv") for _ in vecs]
                     for q, name in enumerate(xv):
-                        if sx == 1:
-                            loop.append(f"const dlcc_v8 {name} = dlcc_v8_load({xr} + {lin((base, 1), q * LANES)});")
+                        ok = [True] * LANES
+                        if lit is not None:
+                            for e in range(LANES):
+                                u = lit + vecs[q][0] + e
+                                ok[e] = u < ph.U and 0 <= u * ph.SL + off < IL
+                        if sx == 1 and all(ok):
+                            body.append(f"const dlcc_vf {name} = dlcc_vf_load({xr} + {off * xs[-1] + vecs[q][0]});")
                         else:
-                            els = ", ".join(f"{xr}[{lin((base, 1), (q * LANES + e) * sx)}]" for e in range(LANES))
-                            loop.append(f"const dlcc_v8 {name} = (dlcc_v8){{{els}}};")
-                    xsc = [f"{xr}[{lin((base, 1), (nvec * LANES + e) * sx)}]" for e in range(rem)]
-                    for jj, we in enumerate(wexp(t)):
+                            els = ", ".join(f"{xr}[{off * xs[-1] + (vecs[q][0] + e) * sx}]" if ok[e] else "0.0f"
+                                            for e in range(LANES))
+                            body.append(f"const dlcc_vf {name} = (dlcc_vf){{{els}}};")
+                    for jj, we in enumerate(wexp(k)):
                         wv = names("wv")
-                        loop.append(f"const float {wv} = {we};")
-                        loop += [f"{a} += {wv} * {x};" for a, x in zip(accv[jj], xv, strict=True)]
-                        loop += [f"{a} += {wv} * {x};" for a, x in zip(accs[jj], xsc, strict=True)]
-                text = "\n".join(loop)
-                if KL > UNROLL_TAPS:
-                    text = f"for (int64_t {kl} = 0; {kl} < {KL}; ++{kl}) {{\n{indent(text)}\n}}"
-                return "\n".join([*body, text])
+                        body.append(f"const float {wv} = {we};")
+                        body += [f"{a} += {wv} * {x};" for a, x in zip(accv[jj], xv, strict=True)]
+                return "\n".join(body)
 
-            red = outer_taps(inner)
-            lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(red)}\n}}")
+            if ph.taps:
+                red = outer_taps(inner)
+                lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(red)}\n}}")
             res = names("res")
-            lines.append(f"float {res}[{nb}][{vt}];")
+            lines.append(f"float {res}[{nb}][{len(vecs) * LANES}];")
             for jj in range(nb):
-                lines += [f"dlcc_v8_store(&{res}[{jj}][{q * LANES}], {a});" for q, a in enumerate(accv[jj])]
-                lines += [f"{res}[{jj}][{nvec * LANES + e}] = {a};" for e, a in enumerate(accs[jj])]
-            st = "\n".join(call.store([n, oc, *out_sp([*osp, lin((ow0, 1), (v, 1))])], f"{res}[{jj}][{v}]")
-                           for jj, oc in enumerate(ocs))
-            lines.append(f"for (int64_t {v} = 0; {v} < {vt}; ++{v}) {{\n{indent(st)}\n}}")
-            return "\n".join(lines)
+                lines += [f"dlcc_vf_store(&{res}[{jj}][{q * LANES}], {a});" for q, a in enumerate(accv[jj])]
+            for q, (off, sf) in enumerate(vecs):
+                stop = LANES if lit is None else min(LANES, ph.U - lit - off)
+                pos = lin((lin((u0, 1), (v, 1), off), ph.OS), ph.OO)
+                st = "\n".join(call.store([n, oc, *out_sp([*osp, pos])], f"{res}[{jj}][{lin((v, 1), q * LANES)}]")
+                               for jj, oc in enumerate(ocs))
+                lines.append(f"for (int64_t {v} = {sf}; {v} < {stop}; ++{v}) {{\n{indent(st)}\n}}")
+            return "{\n" + indent("\n".join(lines)) + "\n}"
 
-        def border(lo_o: int, hi_o: int) -> str:
-            if hi_o <= lo_o:
-                return ""
-            ow, c, kl = names("ow"), names("c"), names("kl")
-            klo, khi = _k_ranges(OL, IL, SL, DL, PL, KL)
-            klo_e = _table(names, decls, klo[lo_o:hi_o], lin((ow, 1), -lo_o))
-            khi_e = _table(names, decls, khi[lo_o:hi_o], lin((ow, 1), -lo_o))
-            accs = [names("a") for _ in ocs]
-            lines = [f"float {a} = {i};" for a, i in zip(accs, init, strict=True)]
+        for ph in phases:
+            if ph.U <= 0:
+                continue
+            # cover [0, U) with 8-lane groups; a last partial group overlaps the previous one (its overlapping
+            # lanes are recomputed, not stored); runs of groups that never read the padding become a loop
+            if ph.U < LANES:
+                groups = [(0, 0)]
+            else:
+                groups = [(st, 0) for st in range(0, ph.U - LANES + 1, LANES)]
+                if ph.U % LANES:
+                    groups.append((ph.U - LANES, groups[-1][0] + LANES - (ph.U - LANES)))
 
-            def inner(kk: list[str]) -> str:
-                xr = names("px")
-                wdecl, wexp = weights(ocs, gm0, c, kk)
-                fma = "\n".join(f"{a} += {we} * {xr}[{lin((kl, DL * xs[-1]))}];"
-                                 for a, we in zip(accs, wexp(kl), strict=True))
-                return "\n".join([f"const float* restrict {xr} = {xrow(c, kk, lin((ow, SL), -PL))};", *wdecl,
-                                  f"for (int64_t {kl} = {klo_e}; {kl} < {khi_e}; ++{kl}) {{\n{indent(fma)}\n}}"])
+            def interior(st: int, sf: int, ph: Phase = ph) -> bool:
+                return (sf == 0 and ph.U >= LANES
+                        and all(st * ph.SL + off >= 0 and (st + LANES - 1) * ph.SL + off <= IL - 1
+                                for _, off in ph.taps))
 
-            lines.append(f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(outer_taps(inner))}\n}}")
-            lines += [call.store([n, oc, *out_sp([*osp, ow])], a) for a, oc in zip(accs, ocs, strict=True)]
-            return f"for (int64_t {ow} = {lo_o}; {ow} < {hi_o}; ++{ow}) {{\n{indent(chr(10).join(lines))}\n}}"
+            pending: list[tuple[int, int]] = []  # groups that need literal tiles, paired two by two
 
-        a = min(OL, max(0, -(-PL // SL)))
-        b = max(a, min(OL, (IL - 1 + PL - (KL - 1) * DL) // SL + 1))
-        parts.append(border(0, a))
-        if b > a:
-            tb = names("tb")
-            parts.append(_blocks(names, b - a, lambda s0, vt: tile(lin((s0, 1), a), vt), VEC_TILE, tb))
-        parts.append(border(b, OL))
+            def flush(ph: Phase = ph, pending: list = pending) -> None:
+                while pending:
+                    vs, pending[:] = pending[:2], pending[2:]
+                    parts.append(tile(ph, str(vs[0][0]), vs[0][0], [(st - vs[0][0], sf) for st, sf in vs]))
+
+            i = 0
+            while i < len(groups):
+                if not interior(*groups[i]):
+                    pending.append(groups[i])
+                    i += 1
+                    continue
+                j = i
+                while j < len(groups) and interior(*groups[j]):
+                    j += 1
+                st, run = groups[i][0], j - i
+                pairs = run // 2
+                if run % 2:
+                    pending.append(groups[j - 1])
+                flush()
+                if pairs == 1:
+                    parts.append(tile(ph, str(st), None, [(0, 0), (LANES, 0)]))
+                elif pairs > 1:
+                    tb = names("tb")
+                    body = tile(ph, lin((tb, 2 * LANES), st), None, [(0, 0), (LANES, 0)])
+                    parts.append(f"for (int64_t {tb} = 0; {tb} < {pairs}; ++{tb}) {body}")
+                i = j
+            flush()
         return "\n".join(p for p in parts if p)
 
     code = _blocks(names, Mg, block)
     for d in reversed(range(r - 1)):
         if osp[d] != "0":
-            code = f"for (int64_t {osp[d]} = 0; {osp[d]} < {outs[d]}; ++{osp[d]}) {{\n{indent(code)}\n}}"
+            code = f"for (int64_t {osp[d]} = 0; {osp[d]} < {O_outer[d]}; ++{osp[d]}) {{\n{indent(code)}\n}}"
     if group > 1:
         code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
     if N > 1:
         code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
     return "\n".join([*decls, code])
+
+
+def _pack_blocks(call: TemplateCall, wconv: np.ndarray, group: int, Mg: int) -> TensorRef:
+    """The Conv-layout weight (M, Cg, taps) packed as [group][channel block][ic][taps][j < 6]."""
+    M, Cg, Kp = wconv.shape
+    w2 = wconv.reshape(M, Cg * Kp)
+    chunks = []
+    for gi in range(group):
+        for m0, nb in _block_list(Mg, OC_BLOCK):
+            chunks.append(w2[gi * Mg + m0: gi * Mg + m0 + nb].T.reshape(-1))  # [ic, taps, j]
+    return call.packed(np.concatenate(chunks).astype(np.float32))
+
+
+def _conv_im2col(call: TemplateCall, xref: TensorRef, wconv: np.ndarray, bref: TensorRef | None, group: int,
+                 ks: list[int], strides: list[int], dils: list[int], pb: list[int]) -> str:
+    """Conv on small planes (short rows waste vector lanes in ``_direct``): per (n, group, chunk of input
+    channels) the receptive fields are gathered into a zero-padded stack buffer col[ic][taps][positions]
+    (< 32 KB), then a GEMM with (6 channels x 2 vectors) register tiles runs over the flattened output
+    positions, accumulating partial sums in ``call.scratch`` across chunks; ``store`` is applied at the end."""
+    names = call.names
+    sref = call.scratch
+    N, _, *ins = xref.shape
+    outs = list(call.out_shape[2:])
+    M, Cg, Kp = wconv.shape
+    Mg = M // group
+    r = len(ks)
+    P = math.prod(outs)
+    Pp = -(-P // LANES) * LANES
+    CC = min(Cg, COL_FLOATS // (Kp * Pp))
+    packed = _pack_blocks(call, wconv, group, Mg)
+    xs = xref.strides
+    n = names("n") if N > 1 else "0"
+    g = names("g") if group > 1 else "0"
+    c0, cn, col = names("c0"), names("cn"), names("col")
+    # gather: col[(ci*Kp + tap)*Pp + p] = x[n, g*Cg + c0 + ci, o*s - pad + k*d] or 0 in the padding
+    ci = names("ci")
+    kk = [names("k") for _ in ks]
+    oo = [names("o") for _ in outs]
+    ii = [names("ih") for _ in outs]
+    body = []
+    conds = []
+    for d in range(r):
+        body.append(f"const int64_t {ii[d]} = {lin((oo[d], strides[d]), (kk[d], dils[d]), -pb[d])};")
+        conds.append(f"{ii[d]} >= 0 && {ii[d]} < {ins[d]}")
+    src_idx = lin(xref.offset, (n, xs[0]), (lin((g, Cg), (c0, 1), (ci, 1)), xs[1]),
+                  *[(i, s) for i, s in zip(ii, xs[2:], strict=True)])
+    src = f"{xref.ptr}[{src_idx}]"
+    tap = lin(*[(k, math.prod(ks[d + 1:])) for d, k in enumerate(kk)])
+    pos = lin(*[(o, math.prod(outs[d + 1:])) for d, o in enumerate(oo)])
+    body.append(f"{col}[{lin((lin((ci, Kp), (tap, 1)), Pp), (pos, 1))}] = ({' && '.join(conds)}) ? {src} : 0.0f;")
+    gather = "\n".join(body)
+    for o, size in reversed(list(zip(oo, outs, strict=True))):
+        gather = f"for (int64_t {o} = 0; {o} < {size}; ++{o}) {{\n{indent(gather)}\n}}"
+    for k, size in reversed(list(zip(kk, ks, strict=True))):
+        gather = f"for (int64_t {k} = 0; {k} < {size}; ++{k}) {{\n{indent(gather)}\n}}"
+    gather = f"for (int64_t {ci} = 0; {ci} < {cn}; ++{ci}) {{\n{indent(gather)}\n}}"
+
+    def sptr(oc: str) -> str:
+        return f"({sref.ptr} + ({sref.index([n, oc, *['0'] * r])}))"
+
+    def block(m0: str, nb: int) -> str:
+        gm0 = lin((g, Mg), (m0, 1))
+        ocs = [lin((gm0, 1), j) for j in range(nb)]
+
+        def tile(p0: str, nvec: int, live: int) -> str:
+            accs = [[names("av") for _ in range(nvec)] for _ in ocs]
+            ck, cp, wp, v = names("ck"), names("pc"), names("pw"), names("v")
+            lines = [f"dlcc_vf {a};" for row in accs for a in row]
+            init0, load, save = [], [], []
+            for jj, oc in enumerate(ocs):
+                bias = bref.at([oc]) if bref else "0.0f"
+                for q, a in enumerate(accs[jj]):
+                    init0.append(f"{a} = (dlcc_vf){{0}} + {bias};")
+                    base = f"{sptr(oc)} + {lin((p0, 1), q * LANES)}"
+                    n_live = min(LANES, live - q * LANES)
+                    if n_live == LANES:
+                        load.append(f"{a} = dlcc_vf_load({base});")
+                        save.append(f"dlcc_vf_store({base}, {a});")
+                    else:  # the last vector of the plane: only its live lanes are in the buffer
+                        load.append(f"{a} = (dlcc_vf){{0}};\nfor (int64_t {v} = 0; {v} < {n_live}; ++{v}) "
+                                    f"{a}[{v}] = ({base})[{v}];")
+                        save.append(f"for (int64_t {v} = 0; {v} < {n_live}; ++{v}) ({base})[{v}] = {a}[{v}];")
+            lines.append(f"if ({c0} == 0) {{\n{indent(chr(10).join(init0))}\n}} else {{\n"
+                         f"{indent(chr(10).join(load))}\n}}")
+            red = [f"const float* restrict {cp} = {col} + {lin((ck, Pp), (p0, 1))};",
+                   f"const float* restrict {wp} = {packed.ptr} + {lin((gm0, Cg * Kp), (c0, Kp * nb), (ck, nb))};"]
+            xv = [names("xv") for _ in range(nvec)]
+            red += [f"const dlcc_vf {x} = dlcc_vf_load({cp} + {q * LANES});" for q, x in enumerate(xv)]
+            for jj in range(nb):
+                wv = names("wv")
+                red.append(f"const float {wv} = {wp}[{jj}];")
+                red += [f"{a} += {wv} * {x};" for a, x in zip(accs[jj], xv, strict=True)]
+            lines.append(f"for (int64_t {ck} = 0; {ck} < {cn} * {Kp}; ++{ck}) {{\n{indent(chr(10).join(red))}\n}}")
+            lines += save
+            return "{\n" + indent("\n".join(lines)) + "\n}"
+
+        parts = []
+        full, rest = divmod(Pp, 2 * LANES)
+        if full:
+            tb = names("tb")
+            last_full_live = P - (full - 1) * 2 * LANES
+            if last_full_live >= 2 * LANES:
+                parts.append(f"for (int64_t {tb} = 0; {tb} < {full}; ++{tb}) "
+                             + tile(f"({tb})*{2 * LANES}", 2, 2 * LANES))
+            else:
+                if full > 1:
+                    parts.append(f"for (int64_t {tb} = 0; {tb} < {full - 1}; ++{tb}) "
+                                 + tile(f"({tb})*{2 * LANES}", 2, 2 * LANES))
+                parts.append(tile(str((full - 1) * 2 * LANES), 2, last_full_live))
+        if rest:
+            parts.append(tile(str(full * 2 * LANES), 1, P - full * 2 * LANES))
+        return "\n".join(parts)
+
+    chunk = "\n".join([f"const int64_t {cn} = {Cg} - {c0} < {CC} ? {Cg} - {c0} : {CC};", gather,
+                       _blocks(names, Mg, block)])
+    code = f"for (int64_t {c0} = 0; {c0} < {Cg}; {c0} += {CC}) {{\n{indent(chunk)}\n}}"
+    if group > 1:
+        code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
+    if N > 1:
+        code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
+    lines = [f"float {col}[{CC * Kp * Pp}];", f"memset({col}, 0, sizeof {col});", code]
+    if not call.direct:
+        _, st = loops(call.out_shape, names, lambda idx: call.store(idx, sref.at(idx)), "s")
+        lines.append(st)
+    return "\n".join(lines)
+
+
+def _conv_taps(O: int, I: int, s: int, d: int, p: int, K: int) -> list[list[tuple[int, int]]]:
+    """Conv: for each output position o, the (tap, input position) pairs inside the input."""
+    return [[(k, o * s - p + k * d) for k in range(K) if 0 <= o * s - p + k * d < I] for o in range(O)]
+
+
+def _convt_taps(O: int, I: int, s: int, d: int, p: int, K: int) -> list[list[tuple[int, int]]]:
+    """ConvTranspose (gather form): output o = i*s - p + k*d, so i = (o + p - k*d) / s when exact."""
+    rows = []
+    for o in range(O):
+        rows.append([(k, (o + p - k * d) // s) for k in range(K)
+                     if (o + p - k * d) % s == 0 and 0 <= (o + p - k * d) // s < I])
+    return rows
+
+
+def _convt_phases(O: int, s: int, d: int, p: int, K: int) -> list[Phase]:
+    """The last dim of a ConvTranspose: outputs o = r + s*u per residue r, each a stride-1 conv in u."""
+    phases = []
+    for rr in range(min(s, O)):
+        taps = [(k, (rr + p - k * d) // s) for k in range(K) if (rr + p - k * d) % s == 0]
+        phases.append(Phase(-(-(O - rr) // s), rr, s, 1, taps))
+    return phases
 
 
 def _block_list(total: int, size: int) -> list[tuple[int, int]]:
@@ -483,10 +621,11 @@ def _unflat(p: str, shape: Sequence[int]) -> list[str]:
 
 @register("ConvTranspose", needs_buffers=True)
 def conv_transpose(call: TemplateCall) -> str:
+    if math.prod(call.out_shape) == 0:
+        return ""  # empty output: nothing to compute
     xref, w, bref, r, ks, group, strides, dils = _common(call)
-    wref = _buffer(call, w, "W")
     N, C, *ins = xref.shape
-    Cw, Mg = wref.shape[:2]
+    Cw, Mg = w.shape[:2]
     M = Mg * group
     outs = list(call.out_shape[2:])
     if Cw != C or C % group:
@@ -517,43 +656,17 @@ def conv_transpose(call: TemplateCall) -> str:
         for i, o, k, s, d, a, e, q in zip(ins, outs, ks, strides, dils, outpad, pads[:r], pads[r:], strict=True):
             if s * (i - 1) + a + (k - 1) * d + 1 - e - q != o:
                 raise TemplateError(f"ConvTranspose: output shape {call.out_shape} inconsistent with the attributes")
-    names = call.names
-    sref = call.scratch
-    dims = [window_dim(i, o, s, d, p, k, t_is_out=False, ostride=os_, istride=is_)
-            for o, i, s, d, p, k, os_, is_ in zip(outs, ins, strides, dils, pb, ks, sref.strides[2:],
-                                                  xref.strides[2:], strict=True)]
-    decls: list[str] = []
-    n = names("n") if N > 1 else "0"
-    g = names("g") if group > 1 else "0"
+    wconv = None
+    if w.const is not None and call.pack is not None:
+        wconv = (np.asarray(w.const, dtype=np.float32).reshape(group, Cg, Mg, -1)
+                 .transpose(0, 2, 1, 3).reshape(M, Cg, -1))
+    elif w.ref is None:
+        raise TemplateError("ConvTranspose: weight W must be a buffer")
 
-    def block(m0: str, nb: int) -> str:
-        ms = [lin((m0, 1), j) for j in range(nb)]
-        ocs = [lin((g, Mg), (m, 1)) for m in ms]
-        parts = [_plane_init(call, [n, oc], bref.at([oc]) if bref else "0.0f") for oc in ocs]
-        c = names("c") if Cg > 1 else "0"
-        ic = lin((g, Cg), (c, 1))
-        obases = [_ptr(sref, [n, oc, *["0"] * r]) for oc in ocs]
-        ibase = _ptr(xref, [n, ic, *["0"] * r])
-        wv = [names("wv") for _ in range(nb)]
+    def wexpr(g: str, m: str, c: str, kk: list[str]) -> str:
+        return w.ref.at([lin((g, Cg), (c, 1)), m, *kk])
 
-        def pre(kk: list[str]) -> str:
-            return "\n".join(f"const float {v} = {wref.at([ic, m, *kk])};" for v, m in zip(wv, ms, strict=True))
-
-        def stmt(oel: list[str], iel: str) -> str:
-            xv = names("xv")
-            return "\n".join([f"const float {xv} = {iel};",
-                              *(f"{o} += {v} * {xv};" for o, v in zip(oel, wv, strict=True))])
-
-        nest = window_nest(names, dims, obases, ibase, pre, stmt, decls)
-        if Cg > 1:
-            nest = f"for (int64_t {c} = 0; {c} < {Cg}; ++{c}) {{\n{indent(nest)}\n}}"
-        parts.append(nest)
-        parts += [_plane_store(call, [n, oc]) for oc in ocs]
-        return "\n".join(p for p in parts if p)
-
-    code = _blocks(names, Mg, block)
-    if group > 1:
-        code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
-    if N > 1:
-        code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
-    return "\n".join([*decls, code])
+    outer = [_convt_taps(o, i, s, d, p, k) for o, i, s, d, p, k in
+             zip(outs[:-1], ins[:-1], strides[:-1], dils[:-1], pb[:-1], ks[:-1], strict=True)]
+    phases = _convt_phases(outs[-1], strides[-1], dils[-1], pb[-1], ks[-1])
+    return _direct(call, xref, wconv, wexpr, bref, group, Cg, Mg, ks, outer, phases, lambda sp: sp)

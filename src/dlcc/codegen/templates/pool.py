@@ -4,7 +4,7 @@ What goes in: a ``TemplateCall`` whose input 0 is a buffer of shape (N, C, spati
 that computes every output element once and hands it to ``store``.
 
 MaxPool/AveragePool (any spatial rank) accumulate each (n, c) output plane in ``call.scratch`` with the
-windowed loop nest of ``conv.window_nest``: loops (k0, t0, k1, t1, ...) over kernel taps and the output
+windowed loop nest of ``window_nest``: loops (k0, t0, k1, t1, ...) over kernel taps and the output
 positions whose input position is inside the input (ranges precomputed at compile time), so the innermost
 loop is branch-free and contiguous on the output. The output size comes from the output shape, which already
 reflects ceil_mode (a window that would start in the right padding is dropped). AveragePool divides by a
@@ -17,19 +17,88 @@ order than onnxruntime (tests use rtol 1e-4 for the averaging ops, DESIGN: reduc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from dlcc.codegen.cbase import TemplateError, c_float, indent, loops
+from dlcc.codegen.cbase import Names, TemplateError, TensorRef, c_float, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.templates.conv import (
-    _flat_ok,
-    _ints,
-    _plane_init,
-    _ptr,
-    _table,
-    spatial_pads,
-    window_dim,
-    window_nest,
-)
+from dlcc.codegen.templates.conv import _flat_ok, _ints, _table, lin, spatial_pads
+
+
+@dataclass
+class WinDim:
+    """One spatial dim of a windowed loop nest. For tap ``k`` (0..K-1), ``t`` runs over ``[lo[k], hi[k])``;
+    the written position is ``t*o[0] + k*o[1] + o[2]`` (stride ``ostride``), the read position
+    ``t*i[0] + k*i[1] + i[2]`` (stride ``istride``)."""
+
+    K: int
+    lo: list[int]
+    hi: list[int]
+    o: tuple[int, int, int]
+    i: tuple[int, int, int]
+    ostride: int
+    istride: int
+
+
+def window_dim(T: int, L: int, s: int, d: int, p: int, K: int, *, ostride: int, istride: int) -> WinDim:
+    """Output position ``t`` in [0, T) reads the input position ``t*s + k*d - p`` at tap k, when in [0, L)."""
+    lo, hi = [], []
+    for k in range(K):
+        a = -((k * d - p) // s)  # ceil((p - k*d) / s)
+        b = (L - 1 + p - k * d) // s + 1
+        a, b = max(0, a), min(T, b)
+        lo.append(a)
+        hi.append(max(a, b))
+    return WinDim(K, lo, hi, (1, 0, 0), (s, d, -p), ostride, istride)
+
+
+def window_nest(names: Names, dims: Sequence[WinDim], obases: Sequence[str], ibase: str,
+                pre: Callable[[list[str]], str], stmt: Callable[[list[str], str], str],
+                decls: list[str]) -> str:
+    """The loop nest (k0, t0, k1, t1, ...) over ``dims``. ``obases``: C pointer expressions of the written
+    planes (float*), ``ibase``: C pointer expression of the read plane. ``pre(ks)`` gives C statements before
+    the innermost t loop (kernel tap indices ``ks``), ``stmt(out_lvalues, in_expr)`` the innermost body.
+    Static range tables are appended to ``decls``."""
+    last = len(dims) - 1
+
+    def level(d: int, ks: list[str], oterms: list, iterms: list) -> str:
+        dim = dims[d]
+        k = names("k") if dim.K > 1 else "0"
+        lo = _table(names, decls, dim.lo, k)
+        hi = _table(names, decls, dim.hi, k)
+        t = names("t")
+        ks = [*ks, k]
+        oterms = [*oterms, (k, dim.o[1] * dim.ostride), dim.o[2] * dim.ostride]
+        iterms = [*iterms, (k, dim.i[1] * dim.istride), dim.i[2] * dim.istride]
+        head = f"for (int64_t {t} = {lo}; {t} < {hi}; ++{t}) {{"
+        if d == last:
+            ops = [names("po") for _ in obases]
+            ip = names("pi")
+            lines = [f"float* restrict {p} = {b} + ({lin(*oterms)});" for p, b in zip(ops, obases, strict=True)]
+            lines.append(f"const float* restrict {ip} = {ibase} + ({lin(*iterms)});")
+            lines.append(pre(ks))
+            oel = [f"{p}[{lin((t, dim.o[0] * dim.ostride))}]" for p in ops]
+            iel = f"{ip}[{lin((t, dim.i[0] * dim.istride))}]"
+            lines += [head, indent(stmt(oel, iel)), "}"]
+            body = "\n".join(x for x in lines if x)
+        else:
+            inner = level(d + 1, ks, [*oterms, (t, dim.o[0] * dim.ostride)], [*iterms, (t, dim.i[0] * dim.istride)])
+            body = f"{head}\n{indent(inner)}\n}}"
+        if dim.K > 1:
+            body = f"for (int64_t {k} = 0; {k} < {dim.K}; ++{k}) {{\n{indent(body)}\n}}"
+        return body
+
+    return level(0, [], [], [])
+
+
+def _plane_init(call: TemplateCall, pre_idx: list[str], value: str) -> str:
+    sp = call.out_shape[len(pre_idx):]
+    _, code = loops(sp, call.names, lambda idx: f"{call.scratch.at([*pre_idx, *idx])} = {value};", "s")
+    return code
+
+
+def _ptr(ref: TensorRef, idx: list[str]) -> str:
+    return f"({ref.ptr} + ({ref.index(idx)}))"
 
 
 def _input(call: TemplateCall):
@@ -60,6 +129,8 @@ def _nc_loops(call: TemplateCall, N: int, C: int, body) -> str:
 
 @register("MaxPool", "AveragePool", needs_buffers=True)
 def pool(call: TemplateCall) -> str:
+    if math.prod(call.out_shape) == 0:
+        return ""  # empty output: nothing to compute
     op = call.node.op_type
     xref = _input(call)
     if op == "MaxPool" and len(call.node.outputs) > 1:
@@ -90,7 +161,7 @@ def pool(call: TemplateCall) -> str:
             raise TemplateError(f"{op}: output shape {call.out_shape} inconsistent with the attributes")
     names = call.names
     sref = call.scratch
-    dims = [window_dim(o, i, s, d, p, k, t_is_out=True, ostride=os_, istride=is_)
+    dims = [window_dim(o, i, s, d, p, k, ostride=os_, istride=is_)
             for o, i, s, d, p, k, os_, is_ in zip(outs, ins, strides, dils, pb, ks, sref.strides[2:],
                                                   xref.strides[2:], strict=True)]
     decls: list[str] = []
@@ -138,6 +209,8 @@ def global_pool(call: TemplateCall) -> str:
     if any(d != 1 for d in call.out_shape[2:]) or len(call.out_shape) != xref.rank:
         raise TemplateError(f"{op}: output shape {call.out_shape} is not (N, C, 1, ...)")
     P = math.prod(ins)
+    if math.prod(call.out_shape) == 0:
+        return ""  # empty output: nothing to compute
     if P == 0:
         raise TemplateError(f"{op}: empty spatial extent")
     is_max = op == "GlobalMaxPool"
@@ -175,6 +248,8 @@ def global_pool(call: TemplateCall) -> str:
 
 @register("LRN", needs_buffers=True)
 def lrn(call: TemplateCall) -> str:
+    if math.prod(call.out_shape) == 0:
+        return ""  # empty output: nothing to compute
     xref = _input(call)
     if tuple(call.out_shape) != tuple(xref.shape):
         raise TemplateError(f"LRN: output shape {call.out_shape} != input shape {xref.shape}")
@@ -198,7 +273,8 @@ def lrn(call: TemplateCall) -> str:
         hi = f"({c} + {half_hi} < {C - 1} ? {c} + {half_hi} : {C - 1})" if half_hi else c
 
         def acc(idx: list[str]) -> str:
-            return f"{{ const float xv = {xref.at([n, cc, *idx])}; {sref.at([n, c, *idx])} += xv * xv; }}"
+            xv = names("xv")
+            return f"const float {xv} = {xref.at([n, cc, *idx])};\n{sref.at([n, c, *idx])} += {xv} * {xv};"
         inner = loops(sp, names, acc, "s")[1]
         lines.append(f"for (int64_t {cc} = {lo}; {cc} <= {hi}; ++{cc}) {{\n{indent(inner)}\n}}")
 

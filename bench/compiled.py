@@ -1,0 +1,138 @@
+"""Benchmark: compiled latency and memory of dlcc against onnxruntime, on the light and test-kit models.
+
+What goes in: the nine light models of the onnx wheel and the dlcc.testing kit models (seeded random
+weights), compiled with ``dlcc.compile`` (level 3 for the dlcc-c target, ``--fusion auto``, -O3
+-march=native).
+What comes out: per model, the compile time, the kernel count, the max error against onnxruntime
+(relative to the output's scale), the latency of dlcc and of onnxruntime (1 thread, all graph
+optimizations on; best of N runs after warm-up, both measured in the same process, interleaved), their
+ratio, and the memory figures: dlcc's arena, its lower bound (the peak of simultaneously live bytes) and
+the sum without reuse, against onnxruntime's peak memory for one inference (peak RSS growth while
+running, measured in a fresh subprocess after the session is created and warmed up... see
+``_ort_peak``). Printed and written to docs/BENCHMARKS.md.
+
+Run: ``make bench`` or ``python bench/compiled.py [--models a,b] [--runs N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+import dlcc  # noqa: E402
+from dlcc.check import _session, diff, random_inputs  # noqa: E402
+from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model, randomize  # noqa: E402
+from machine import write_section  # noqa: E402
+
+_PEAK = r"""
+import resource, sys, numpy as np, onnxruntime as ort
+path, feeds_path = sys.argv[1], sys.argv[2]
+feeds = dict(np.load(feeds_path))
+o = ort.SessionOptions(); o.intra_op_num_threads = 1; o.inter_op_num_threads = 1
+s = ort.InferenceSession(path, o, providers=["CPUExecutionProvider"])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+s.run(None, feeds)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024, after * 1024)
+"""
+
+
+def _ort_peak(proto, feeds, tmp: Path) -> tuple[int, int]:
+    """(peak RSS growth during the first inference, total peak RSS) of onnxruntime, in bytes."""
+    import onnx
+
+    path = tmp / "m.onnx"
+    onnx.save(proto, path)
+    np.savez(tmp / "feeds.npz", **feeds)
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(path), str(tmp / "feeds.npz")], capture_output=True,
+                         text=True, check=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def bench_model(name: str, runs: int, tmp: Path) -> dict:
+    proto = light_model(name, seed=0) if name in LIGHT_MODELS else randomize(KIT_MODELS[name](), seed=0)
+    feeds = random_inputs(proto, seed=1)
+    t0 = time.perf_counter()
+    cm = dlcc.compile(proto)
+    compile_s = time.perf_counter() - t0
+    sess = _session(proto, threads=1)
+    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    got = cm(feeds)
+    err = max(diff(k, ref[k], got[k], rtol=1e-4, atol=1e-6).max_abs / max(float(np.max(np.abs(ref[k]))), 1e-30)
+              for k in ref)
+    for _ in range(2):  # warm-up
+        cm(feeds)
+        sess.run(None, feeds)
+    td, to = [], []
+    for _ in range(runs):  # interleaved, so both see the same machine state
+        t = time.perf_counter()
+        cm(feeds)
+        td.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sess.run(None, feeds)
+        to.append(time.perf_counter() - t)
+    info = cm.info
+    ort_delta, ort_total = _ort_peak(proto, feeds, tmp)
+    return {"model": name, "compile s": compile_s, "cc s": info["timings"].get("cc", 0.0),
+            "kernels": info["kernels"], "err": err,
+            "dlcc ms": 1e3 * min(td), "ort ms": 1e3 * min(to), "arena": info["arena_bytes"],
+            "lb": info["lower_bound_bytes"], "noreuse": info["no_reuse_bytes"], "ort delta": ort_delta,
+            "ort total": ort_total, "fusion": info["fusion"]}
+
+
+def render(rows: list[dict]) -> str:
+    mb = 1024 * 1024
+    head = ["model", "kernels (planner)", "compile s (cc)", "max rel err", "dlcc ms", "onnxruntime ms",
+            "dlcc / ort", "arena MiB", "lower bound MiB", "arena / bound", "no reuse MiB",
+            "ort peak RSS growth MiB", "ort peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["model"], f"{r['kernels']} ({r['fusion']})", f"{r['compile s']:.1f} ({r['cc s']:.1f})", f"{r['err']:.1e}",
+            f"{r['dlcc ms']:.2f}", f"{r['ort ms']:.2f}", f"{r['dlcc ms'] / r['ort ms']:.2f}",
+            f"{r['arena'] / mb:.2f}", f"{r['lb'] / mb:.2f}", f"{r['arena'] / max(r['lb'], 1):.3f}",
+            f"{r['noreuse'] / mb:.2f}", f"{r['ort delta'] / mb:.1f}", f"{r['ort total'] / mb:.0f}",
+        ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join([*LIGHT_MODELS, *KIT_MODELS]))
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--json", help="also write the rows as JSON to this file")
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in [m for m in args.models.split(",") if m]:
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            rows.append(bench_model(name, args.runs, Path(tmp)))
+    table = render(rows)
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if not args.no_write:
+        body = ("Run: `make bench` (bench/compiled.py). dlcc.compile (level 3, dlcc-c target, --fusion auto, "
+                "-O3 -march=native) against onnxruntime (1 thread, all graph optimizations), best of "
+                f"{args.runs} interleaved runs in one process. Memory: dlcc's arena (all intermediate "
+                "tensors) and its lower bound (peak of simultaneously live bytes); onnxruntime's peak RSS "
+                "growth during its first inference (activations and workspace), measured in a subprocess.\n\n"
+                + table)
+        write_section(ROOT / "docs" / "BENCHMARKS.md", "Compiled models (dlcc.compile vs onnxruntime)", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
