@@ -26,7 +26,9 @@ ALL = (*STRATEGIES, "auto")
 
 # Running example modelled on Pisarchyk & Lee (2020): eight intermediate tensors t0..t7 of sizes
 # 32, 28, 36, 16, 8, 64, 10, 40 over nine operators. The sizes are the paper's; the usage intervals are
-# a reconstruction (the figure itself could not be retrieved). Peak of live bytes is at operator 5:
+# a reconstruction (the figure itself could not be retrieved); they coincide with the first eight usage
+# records of the "ComplexRecords" test of TFLite GPU's memory manager (whose memory-management code the
+# paper describes), which is checked below too. Peak of live bytes is at operator 5:
 # t2 + t3 + t4 + t5 = 36 + 16 + 8 + 64 = 124, and the greedy planners reach it.
 PAPER = [
     Buffer(0, 32, 0, 1),
@@ -48,6 +50,22 @@ def test_paper_example_reaches_lower_bound(strategy: str) -> None:
     assert plan.arena_bytes == 124
     assert plan.no_reuse_bytes == sum(b.size for b in PAPER)
     assert plan.ratio == 1.0
+
+
+# TFLite GPU's ComplexRecords usage records: (size, first, last). Peak of live bytes at operator 5:
+# 8 + 16 + 8 + 64 = 96.
+TFLITE_COMPLEX = [Buffer(i, size, first, last) for i, (size, first, last) in enumerate(
+    [(32, 0, 1), (32, 1, 4), (8, 2, 5), (16, 3, 5), (8, 4, 5), (64, 5, 7), (8, 6, 8), (8, 7, 8), (16, 8, 9)])]
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_tflite_complex_records_reach_lower_bound(strategy: str) -> None:
+    plan = plan_memory(TFLITE_COMPLEX, alignment=1, strategy=strategy)
+    verify_memory_plan(TFLITE_COMPLEX, plan)
+    assert plan.lower_bound == 96
+    if strategy != "greedy-by-breadth":
+        assert plan.arena_bytes == 96
+    assert plan.arena_bytes <= 1.10 * 96
 
 
 def test_paper_example_greedy_by_size_offsets() -> None:

@@ -219,6 +219,7 @@ class _Lowering:
                           [v.name for v in self.graph.inputs], [v.name for v in self.graph.outputs], self.consts,
                           dict(self.model.opset_imports))
         _concat_in_place(program)
+        _in_place(program)
         self._scratch(program)
         verify_program(program)
         return program
@@ -315,6 +316,52 @@ def _concat_in_place(p: Program) -> None:
     p.kernels = [k for k in p.kernels if k.steps]
     for i, k in enumerate(p.kernels):
         k.id = i
+
+
+def _identity_leaves(v: ir.Value, p: Program) -> tuple[set, set]:
+    """The materialized values the loop computing ``v`` reads at ``v``'s own index (through elementwise
+    ops of the same shape only), and those it reads any other way."""
+    shape = value_shape(v)
+    same, other = set(), set()
+    stack = [(x, True) for x in v.producer().inputs if x is not None]
+    producer_ok = op_key(v.producer()) in ELEMENTWISE
+    stack = [(x, producer_ok and value_shape(x) == shape) for x, _ in stack]
+    while stack:
+        x, ident = stack.pop()
+        if x in p.value_buffer or x.producer() is None:
+            (same if ident else other).add(x)
+            continue
+        node = x.producer()
+        keep = ident and op_key(node) in ELEMENTWISE
+        stack.extend((y, keep and value_shape(y) == shape) for y in node.inputs if y is not None)
+    return same, other
+
+
+def _in_place(p: Program) -> None:
+    """An elementwise kernel writes its result over an input that dies there (same shape and dtype, read
+    only at the element being written): the output becomes a view of that input's buffer."""
+    last: dict[int, int] = {}
+    for i, k in enumerate(p.kernels):
+        for b in (*k.reads, *k.writes):
+            last[p.root(b).id] = i
+    based = {b.base for b in p.buffers.values() if b.kind == "view"}
+    for i, k in enumerate(p.kernels):
+        if len(k.steps) != 1 or k.steps[0].kind != "loop":
+            continue
+        v = k.steps[0].outputs[0]
+        out = p.buffers[p.value_buffer[v]]
+        if out.kind != "temp" or out.id in based:
+            continue
+        same, other = _identity_leaves(v, p)
+        for x in sorted(same - other, key=lambda x: p.value_buffer.get(x, -1)):
+            bid = p.value_buffer.get(x)
+            b = p.buffers.get(bid) if bid is not None else None
+            if (b is None or b.kind != "temp" or b.id in based or b.dtype != out.dtype or b.shape != out.shape
+                    or last.get(b.id) != i or bid in k.writes):
+                continue
+            out.kind, out.base, out.offset, out.strides = "view", b.id, 0, b.strides
+            based.add(b.id)
+            break
 
 
 def lower(model: ir.Model, plan: FusionPlan) -> Program:
