@@ -201,7 +201,7 @@ def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = N
     art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage,
                           constants=constants)
     t = time.perf_counter()
-    lib = build_shared({"model.c": art.csource.source, "model.h": art.csource.header}, portable=portable)
+    lib = build_shared(art.csource.files, portable=portable)
     art.timings["cc"] = time.perf_counter() - t
     blob = art.csource.weights
     weights = aligned_empty(max(len(blob), 1))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import Names, TemplateError, TensorRef, c_float, c_helper, c_literal, ctype
+from dlcc.codegen.cbase import CTYPES, Names, TemplateError, TensorRef, c_float, c_helper, c_literal, ctype
 from dlcc.errors import DlccError
 
 __all__ = ["ELEMENTWISE", "INDEXED", "ExprGen", "broadcast_index", "value_dtype", "value_shape"]
@@ -186,7 +186,8 @@ ELEMENTWISE["Dropout"] = lambda node, a, t: a[0]
 ELEMENTWISE["Relu"] = lambda node, a, t: f"dlcc_relu({a[0]})" if _is_float(t[0]) else f"dlcc_max_i({a[0]}, 0)"
 ELEMENTWISE["Abs"] = lambda node, a, t: f"fabsf({a[0]})" if _is_float(t[0]) else f"dlcc_abs_i({a[0]})"
 ELEMENTWISE["Neg"] = lambda node, a, t: f"(-({a[0]}))"
-ELEMENTWISE["Sign"] = lambda node, a, t: f"((({a[0]}) > 0) - (({a[0]}) < 0))"
+ELEMENTWISE["Sign"] = lambda node, a, t: (
+    f"dlcc_sign({a[0]})" if _is_float(t[0]) else f"((({a[0]}) > 0) - (({a[0]}) < 0))")
 ELEMENTWISE["LeakyRelu"] = lambda node, a, t: f"dlcc_leaky({a[0]}, {c_float(_attr(node, 'alpha', 0.01))})"
 ELEMENTWISE["PRelu"] = lambda node, a, t: f"dlcc_leaky({a[0]}, {a[1]})"
 ELEMENTWISE["Elu"] = lambda node, a, t: f"dlcc_elu({a[0]}, {c_float(_attr(node, 'alpha', 1.0))})"
@@ -216,12 +217,22 @@ ELEMENTWISE["Clip"] = _clip
 
 
 def _cast(node: ir.Node, a: list[str], t: list[str]) -> str:
+    # Float -> int out of range (and NaN, +-inf) gives INT64_MIN / INT32_MIN like onnxruntime and numpy on
+    # x86 (the "integer indefinite" of cvttss2si); 8-bit targets convert through int32 and wrap, as there.
     to = ir.DataType(_attr(node, "to"))
-    target = np.dtype(to.numpy()).name
+    try:
+        target = np.dtype(to.numpy()).name
+    except Exception:  # noqa: BLE001  (string, float8, 4-bit types: no numpy dtype)
+        target = to.name
+    if target not in CTYPES:
+        raise TemplateError(f"Cast to {to.name} is not supported by the C backend")
     if target == "bool":
         return f"(({a[0]}) != 0)"
-    if t[0] in ("float32", "float64") and target not in ("float32", "float64"):
-        return f"dlcc_f2i_{ctype(target)}({a[0]})"
+    if _is_float(t[0]) and not _is_float(target):
+        pre = "dlcc_d2i" if t[0] == "float64" else "dlcc_f2i"
+        if target == "int64":
+            return f"{pre}_int64_t({a[0]})"
+        return f"(({ctype(target)}){pre}_int32_t({a[0]}))"
     return f"(({ctype(target)})({a[0]}))"
 
 
@@ -252,6 +263,9 @@ _binary("Xor", "((!!({a})) ^ (!!({b})))")
 
 def _pow(node, a, t):
     if not _is_float(t[0]):
+        if _is_float(t[1]):  # int base, float exponent: computed in double, truncated (as onnxruntime)
+            d2i = "dlcc_d2i_int64_t" if t[0] == "int64" else f"({ctype(t[0])})dlcc_d2i_int32_t"
+            return f"{d2i}(pow((double)({a[0]}), (double)({a[1]})))"
         return f"dlcc_pow_i({a[0]}, {a[1]})"
     return f"dlcc_pow({a[0]}, (float)({a[1]}))"
 
@@ -290,9 +304,11 @@ ELEMENTWISE["Where"] = lambda node, a, t: f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
 # --------------------------------------------------------------------------- per-channel (indexed) ops
 
 def _batchnorm(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
-    if out_index != 0:
+    if out_index != 0 or _attr(node, "training_mode", 0):
         raise TemplateError("BatchNormalization in training mode (outputs 1-2 used) is not supported by the C backend")
     x, scale, bias, mean, var = node.inputs[:5]
+    if not _attr(node, "spatial", 1) and len(value_shape(scale)) != 1:
+        raise TemplateError("BatchNormalization with spatial=0 (per-element params) is not supported by the C backend")
     eps = float(_attr(node, "epsilon", 1e-5))
     c = [idx[1]] if len(idx) > 1 else ["0"]
     consts = [gen.const_of(v) for v in (scale, bias, mean, var)]
@@ -314,12 +330,13 @@ INDEXED["BatchNormalization"] = _batchnorm
 
 # The C helpers the expressions above call; emitted once at the top of every generated file.
 _HELPERS = r"""
-static inline float dlcc_max(float a, float b) { return a > b ? a : (b == b ? b : a); }
-static inline float dlcc_min(float a, float b) { return a < b ? a : (b == b ? b : a); }
+static inline float dlcc_max(float a, float b) { return (a > b || a != a) ? a : b; }  /* NaN propagates */
+static inline float dlcc_min(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline int64_t dlcc_max_i(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t dlcc_min_i(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t dlcc_abs_i(int64_t a) { return a < 0 ? -a : a; }
-static inline float dlcc_relu(float x) { return x > 0.0f ? x : 0.0f; }
+static inline float dlcc_relu(float x) { return x < 0.0f ? 0.0f : x; }  /* NaN propagates */
+static inline float dlcc_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
 static inline float dlcc_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
 static inline float dlcc_sigmoid(float x) {
     return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
@@ -332,7 +349,7 @@ static inline float dlcc_hardsigmoid(float x, float a, float b) {
 static inline float dlcc_hardswish(float x) { return x * dlcc_hardsigmoid(x, 1.0f / 6.0f, 0.5f); }
 static inline float dlcc_elu(float x, float a) { return x >= 0.0f ? x : a * (expf(x) - 1.0f); }
 static inline float dlcc_celu(float x, float a) {
-    return (x > 0.0f ? x : 0.0f) + (x < 0.0f ? a * (expf(x / a) - 1.0f) : 0.0f);
+    return x < 0.0f ? a * (expf(x / a) - 1.0f) : x;
 }
 static inline float dlcc_selu(float x, float a, float g) { return x > 0.0f ? g * x : g * (a * expf(x) - a); }
 static inline float dlcc_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -342,12 +359,12 @@ static inline float dlcc_gelu_tanh(float x) {
 static inline float dlcc_pow(float a, float b) {
     if (b == 2.0f) return a * a;
     if (b == 1.0f) return a;
-    if (b == 0.5f) return sqrtf(a);
+    if (b == 0.5f && a != -INFINITY) return sqrtf(a) + 0.0f;  /* powf: +0 for -0, +inf for -inf */
     return powf(a, b);
 }
 static inline int64_t dlcc_pow_i(int64_t a, int64_t b) {
     int64_t r = 1;
-    if (b < 0) return a == 1 ? 1 : 0;
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
     while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
     return r;
 }
@@ -360,17 +377,25 @@ static inline int64_t dlcc_mod_i(int64_t a, int64_t b) {
 }
 static inline float dlcc_mod_f(float a, float b) {
     float r = fmodf(a, b);
-    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+    if (r == 0.0f) return copysignf(0.0f, b);
+    return ((r < 0.0f) != (b < 0.0f)) ? r + b : r;
 }
+/* float -> int: out of range, NaN and +-inf give the minimum (x86 cvtt* "integer indefinite", as
+   onnxruntime and numpy produce there); defined C, unlike a bare out-of-range cast. */
 static inline int64_t dlcc_f2i_int64_t(float x) {
-    return x != x ? 0 : (x >= 9.2233720368547758e18f ? INT64_MAX
-         : (x <= -9.2233720368547758e18f ? INT64_MIN : (int64_t)x));
+    return (x >= -9.2233720368547758e18f && x < 9.2233720368547758e18f) ? (int64_t)x : INT64_MIN;
 }
 static inline int32_t dlcc_f2i_int32_t(float x) {
-    return x != x ? 0 : (x >= 2147483647.0f ? INT32_MAX : (x <= -2147483648.0f ? INT32_MIN : (int32_t)x));
+    return (x >= -2147483648.0f && x < 2147483648.0f) ? (int32_t)x : INT32_MIN;
 }
-static inline int8_t dlcc_f2i_int8_t(float x) { return (int8_t)(int32_t)x; }
-static inline uint8_t dlcc_f2i_uint8_t(float x) { return (uint8_t)(int32_t)x; }
+static inline int64_t dlcc_d2i_int64_t(double x) {
+    return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (int64_t)x : INT64_MIN;
+}
+static inline int32_t dlcc_d2i_int32_t(double x) {
+    return (x > -2147483649.0 && x < 2147483648.0) ? (int32_t)x : INT32_MIN;
+}
+static inline int8_t dlcc_f2i_int8_t(float x) { return (int8_t)dlcc_f2i_int32_t(x); }
+static inline uint8_t dlcc_f2i_uint8_t(float x) { return (uint8_t)dlcc_f2i_int32_t(x); }
 """
 
 c_helper("expr", _HELPERS)

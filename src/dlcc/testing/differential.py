@@ -1,0 +1,162 @@
+"""Differential testing: ``dlcc.optimize`` (levels 0-3) and ``dlcc.compile`` against onnxruntime.
+
+What goes in: a model (``check_graph(model, seed)``; ``seed`` picks the input data, and the fusion planner
+and graph level of the compile run) or seeds of ``dlcc.testing.graphs.random_graph`` (``run(seeds)``).
+What comes out: one line per disagreement (pipeline, output, error vs scale; a dlcc error or a crash is a
+line too), and for ``run`` the counts of graphs, agree, mismatch, dlcc errors, crashes and unsupported.
+
+The oracle is onnxruntime on the ORIGINAL model, with its own graph optimizations off; optimized models run
+in onnxruntime the same way, so only dlcc's changes are judged. Tolerance (DESIGN.md): per output, relative
+to its scale, max|got - ref| <= RTOL * max|ref| + ATOL; integer and bool outputs exact.
+"""
+
+from __future__ import annotations
+
+import collections
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+__all__ = ["ATOL", "RTOL", "Problem", "check_graph", "check_graph_problems", "run"]
+
+# 1e-4, not the 1e-5 of exact rewrites: the pipelines fold constants (BN into Conv, scalar chains),
+# reassociate arithmetic, and the compiled C sums reductions, convolutions and matmuls in another order.
+RTOL = 1e-4
+ATOL = 1e-5
+
+LEVELS = (0, 1, 2, 3)
+FUSIONS = ("auto", "tvm", "dnnfusion")
+COMPILE_LEVELS = (3, 3, 0, 2, 1)
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # "mismatch" | "dlcc_error" | "crash" | "unsupported"
+    text: str
+
+
+def _unsupported(err: Exception) -> bool:
+    from dlcc.errors import UnsupportedModelError
+
+    return isinstance(err, UnsupportedModelError) or "does not support" in str(err)
+
+
+def _compare(pipeline: str, ref: dict, got: dict) -> list[Problem]:
+    from dlcc.check import diff
+
+    out = []
+    if len(got) != len(ref):
+        return [Problem("mismatch", f"{pipeline}: outputs {sorted(got)} != {sorted(ref)}")]
+    for name, r in ref.items():
+        g = got.get(name)
+        if g is None:
+            out.append(Problem("mismatch", f"{pipeline}: output '{name}' missing"))
+            continue
+        d = diff(name, r, g, rtol=RTOL, atol=ATOL)
+        if not d.ok:
+            why = d.reason or f"max|err| {d.max_abs:.3g} vs scale {d.scale:.3g} (rel {d.max_rel:.3g})"
+            out.append(Problem("mismatch", f"{pipeline}: output '{name}' {list(d.shape)}: {why}"))
+    return out
+
+
+def _guard(pipeline: str, fn) -> tuple[object, list[Problem]]:
+    from dlcc.errors import DlccError
+
+    try:
+        return fn(), []
+    except DlccError as e:
+        kind = "unsupported" if _unsupported(e) else "dlcc_error"
+        return None, [Problem(kind, f"{pipeline}: {type(e).__name__}: {e}")]
+    except Exception as e:  # noqa: BLE001  (any other exception is a dlcc bug: report it)
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+        return None, [Problem("crash", f"{pipeline}: {type(e).__name__}: {e}{where}")]
+
+
+def check_graph_problems(model: onnx.ModelProto, seed: int = 0, *, levels=LEVELS, compile: bool = True,  # noqa: A002
+                         fusion: str | None = None, compile_level: int | None = None) -> list[Problem]:
+    import dlcc
+    from dlcc.check import random_inputs, run_ort
+
+    data = model.SerializeToString()
+    feeds = random_inputs(model, seed)
+    ref = run_ort(data, feeds, optimize=False)
+    problems: list[Problem] = []
+    for level in levels:
+        def opt(level=level):
+            m = dlcc.optimize(data, level=level, emit=lambda s: None)
+            return run_ort(m, feeds, optimize=False)
+
+        got, errs = _guard(f"level {level}", opt)
+        problems += errs
+        if got is not None:
+            problems += _compare(f"level {level}", ref, got)
+    if compile:
+        fusion = fusion or FUSIONS[seed % len(FUSIONS)]
+        clevel = COMPILE_LEVELS[seed % len(COMPILE_LEVELS)] if compile_level is None else compile_level
+        name = f"compile (level {clevel}, fusion {fusion})"
+
+        def comp():
+            cm = dlcc.compile(data, fusion=fusion, level=clevel)
+            return {k: np.asarray(v) for k, v in cm(feeds).items()}
+
+        got, errs = _guard(name, comp)
+        problems += errs
+        if got is not None:
+            problems += _compare(name, ref, got)
+    return problems
+
+
+def check_graph(model: onnx.ModelProto, seed: int = 0, **kwargs) -> list[str]:
+    """Empty when every pipeline agrees with onnxruntime; else one line per disagreement. A clean
+    "unsupported" error from dlcc is not a disagreement."""
+    return [p.text for p in check_graph_problems(model, seed, **kwargs) if p.kind != "unsupported"]
+
+
+def classify(problems: list[Problem]) -> str:
+    """The outcome of one graph: the worst kind of problem (crash > dlcc_error > mismatch > unsupported)."""
+    kinds = {p.kind for p in problems}
+    for k in ("crash", "dlcc_error", "mismatch", "unsupported"):
+        if k in kinds:
+            return k
+    return "agree"
+
+
+def check_seed(seed: int) -> tuple[int, str, list[str]]:
+    """The outcome of random graph ``seed`` (for worker processes)."""
+    from dlcc.testing.graphs import random_graph
+
+    try:
+        model = random_graph(seed)
+    except Exception as e:  # noqa: BLE001
+        return seed, "crash", [f"generator: {type(e).__name__}: {e}"]
+    problems = check_graph_problems(model, seed)
+    return seed, classify(problems), [p.text for p in problems]
+
+
+def run(seeds: Iterable[int], *, jobs: int = 1, on_result=None) -> collections.Counter:
+    """Counts over random graphs: graphs, agree, mismatch, dlcc_error, crash, unsupported.
+    ``on_result(seed, outcome, lines)`` sees every graph (to save failing ones)."""
+    counts: collections.Counter = collections.Counter()
+    if jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+        results = pool.map(check_seed, seeds, chunksize=4)
+    else:
+        pool = None
+        results = map(check_seed, seeds)
+    try:
+        for seed, outcome, lines in results:
+            counts["graphs"] += 1
+            counts[outcome] += 1
+            if on_result is not None:
+                on_result(seed, outcome, lines)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return counts
