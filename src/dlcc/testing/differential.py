@@ -160,3 +160,58 @@ def run(seeds: Iterable[int], *, jobs: int = 1, on_result=None) -> collections.C
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return counts
+
+
+def prune(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the nodes, initializers and graph inputs no output needs."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    need = {o.name for o in g.output}
+    keep = []
+    for node in reversed(list(g.node)):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need.update(i for i in node.input if i)
+    del g.node[:]
+    g.node.extend(reversed(keep))
+    inits = [t for t in g.initializer if t.name in need]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    inputs = [i for i in g.input if i.name in need] or [g.input[0]]
+    del g.input[:]
+    g.input.extend(inputs)
+    return m
+
+
+def shrink(model: onnx.ModelProto, fails, *, rounds: int = 20) -> onnx.ModelProto:
+    """A smaller model on which ``fails(model)`` still holds: keep one output, move it up the graph
+    (each node's first output in turn), prune what it does not need."""
+    from onnx import shape_inference
+
+    best = prune(model)
+    for _ in range(rounds):
+        changed = False
+        inferred = shape_inference.infer_shapes(best)
+        types = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output]}
+        candidates = [[o] for o in best.graph.output] if len(best.graph.output) > 1 else []
+        candidates += [[types[n.output[0]]] for n in best.graph.node
+                       if n.output[0] in types and n.output[0] not in {o.name for o in best.graph.output}]
+        for outs in candidates:
+            m = onnx.ModelProto()
+            m.CopyFrom(best)
+            del m.graph.output[:]
+            m.graph.output.extend(outs)
+            m = prune(m)
+            if len(m.graph.node) >= len(best.graph.node) and len(m.graph.output) >= len(best.graph.output):
+                continue
+            try:
+                ok = fails(m)
+            except Exception:  # noqa: BLE001
+                ok = False
+            if ok:
+                best, changed = m, True
+                break
+        if not changed:
+            break
+    return best
