@@ -202,10 +202,14 @@ ELEMENTWISE["Gelu"] = lambda node, a, t: (
 
 
 def _clip(node: ir.Node, a: list[str], t: list[str]) -> str:
+    # Absent bounds default to numeric_limits lowest()/max() (spec): a float clip maps +-inf to -+FLT_MAX.
     x = a[0]
     fl = _is_float(t[0])
     lo = a[1] if len(a) > 1 and a[1] else (c_float(_attr(node, "min")) if _attr(node, "min") is not None else None)
     hi = a[2] if len(a) > 2 and a[2] else (c_float(_attr(node, "max")) if _attr(node, "max") is not None else None)
+    if fl:
+        lo = "(-FLT_MAX)" if lo is None else lo
+        hi = "FLT_MAX" if hi is None else hi
     if lo is not None:
         x = f"dlcc_max({x}, {lo})" if fl else f"dlcc_max_i({x}, {lo})"
     if hi is not None:
@@ -298,7 +302,19 @@ ELEMENTWISE["Min"] = _variadic("dlcc_min", "dlcc_min_i")
 ELEMENTWISE["Sum"] = lambda node, a, t: "(" + " + ".join(f"({x})" for x in a if x) + ")"
 ELEMENTWISE["Mean"] = lambda node, a, t: (
     "((" + " + ".join(f"({x})" for x in a if x) + f") * {c_float(1.0 / len([x for x in a if x]))})")
-ELEMENTWISE["Where"] = lambda node, a, t: f"(({a[0]}) ? ({a[1]}) : ({a[2]}))"
+
+
+def _where(node, a, t):
+    # Both branches are evaluated into locals before the select: a plain `c ? x[i] : y[i]` makes the loads
+    # conditional, and GCC 12 (-O3, x86 masked loads: SSE2 to AVX-512) miscompiles such loops when they sit
+    # in a nest with small constant trip counts (wrong elements picked; tests/fuzz/test_differential.py).
+    # Unconditional loads are also what the vectorizer wants: a blend instead of masked loads.
+    ct = ctype(t[1])
+    return (f"({{ const {ct} dlcc_wx_ = ({a[1]}); const {ct} dlcc_wy_ = ({a[2]}); "
+            f"({a[0]}) ? dlcc_wx_ : dlcc_wy_; }})")
+
+
+ELEMENTWISE["Where"] = _where
 
 
 # --------------------------------------------------------------------------- per-channel (indexed) ops
@@ -319,9 +335,14 @@ def _batchnorm(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmt
         add = (b - m * mul.astype(np.float64)).astype(np.float32)
         if mul.size == 1:
             return f"(({xe}) * {c_float(mul[0])} + {c_float(add[0])})"
-        mul_s = "{" + ", ".join(c_float(v) for v in mul) + "}"
-        add_s = "{" + ", ".join(c_float(v) for v in add) + "}"
-        return f"(({xe}) * ((const float[]){mul_s})[{c[0]}] + ((const float[]){add_s})[{c[0]}])"
+        # Per-channel tables as static arrays in GNU statement expressions (valid in expression-only mode
+        # too): a block-scope compound literal would be re-stored to the stack on every element.
+        tables = []
+        for prefix, vals in (("bnm", mul), ("bna", add)):
+            name = gen.names(prefix)
+            tables.append(f"({{ static const float {name}[{vals.size}] = {{{', '.join(c_float(v) for v in vals)}}}; "
+                          f"{name}[{c[0]}]; }})")
+        return f"(({xe}) * {tables[0]} + {tables[1]})"
     se, be, me, ve = (gen.at(v, c, stmts) for v in (scale, bias, mean, var))
     return f"((({xe}) - ({me})) * ({se}) / sqrtf(({ve}) + {c_float(eps)}) + ({be}))"
 
