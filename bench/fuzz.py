@@ -1,11 +1,17 @@
 """Fuzz ``dlcc optimize`` with mutated models and report what went wrong.
 
-    python bench/fuzz.py [--seed S] [--n N] [--timeout T] [--jobs J] [--out DIR] [--kind K]
+    python bench/fuzz.py [--seed S] [--n N] [--timeout T] [--jobs J] [--out DIR] [--kind K] [--graphs G]
 
 Every mutant (``dlcc.testing.fuzz.mutant(seed, i)``) runs in its own subprocess; the table counts the
 outcomes per mutation kind; each bad case (internal error, traceback, crash, hang) is listed with its kind,
 seed index and first stderr line, and its bytes are written to ``DIR/<seed>-<index>-<kind>.onnx`` so
 ``dlcc optimize DIR/... out.onnx --debug`` reproduces it.
+
+``--graphs G`` then runs G random well-formed graphs (``dlcc.testing.graphs.random_graph(seed + i)``) through
+``dlcc.testing.differential.check_graph`` (dlcc.optimize at levels 0-3 and dlcc.compile against onnxruntime)
+in J worker processes and prints the counts: graphs, agree, mismatch (near_miss: within 100x the tolerance,
+mostly ill-conditioned graphs), dlcc errors, crashes (and clean "unsupported" errors); each failing graph is
+written to ``DIR/graph-<seed>.onnx`` with its problems in ``DIR/graph-<seed>.txt``. ``--n 0`` skips the mutants.
 """
 
 from __future__ import annotations
@@ -28,7 +34,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="subprocesses at a time (default 2)")
     p.add_argument("--out", default="build/fuzz-failures", help="folder for failing inputs")
     p.add_argument("--kind", choices=sorted(KINDS), help="only this mutation kind")
+    p.add_argument("--graphs", type=int, default=0, help="random graphs for differential testing (default 0)")
     args = p.parse_args(argv)
+    status = run_mutants(args) if args.n else 0
+    if args.graphs:
+        status = max(status, run_graphs(args))
+    return status
+
+
+def run_graphs(args) -> int:
+    from dlcc.testing.differential import run
+    from dlcc.testing.graphs import random_graph
+
+    out = Path(args.out)
+    failures = []
+    t0 = time.perf_counter()
+    done = 0
+
+    def on_result(seed: int, outcome: str, lines: list[str]) -> None:
+        nonlocal done
+        done += 1
+        if outcome not in ("agree", "unsupported"):
+            failures.append((seed, outcome, lines))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"graph-{seed}.onnx").write_bytes(random_graph(seed).SerializeToString())
+            (out / f"graph-{seed}.txt").write_text("\n".join(lines) + "\n")
+        if done % 100 == 0:
+            print(f"  graphs {done}/{args.graphs} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    counts = run(range(args.seed, args.seed + args.graphs), jobs=args.jobs, on_result=on_result)
+    dt = time.perf_counter() - t0
+    print(f"dlcc differential fuzz: seeds {args.seed}..{args.seed + args.graphs - 1}, {counts['graphs']} graphs in "
+          f"{dt:.0f} s ({dt / max(counts['graphs'], 1):.2f} s per graph, {args.jobs} jobs)")
+    cols = ("graphs", "agree", "mismatch", "near_miss", "dlcc_error", "crash", "unsupported")
+    print("".join(f"{c:>12}" for c in cols))
+    print("".join(f"{counts[c]:>12}" for c in cols))
+    for seed, outcome, lines in failures:
+        print(f"FAIL {outcome}: graph seed {seed}: {lines[0] if lines else ''}")
+    if failures:
+        print(f"{len(failures)} failing graph(s) written to {out}/")
+    return 1 if failures else 0
+
+
+def run_mutants(args) -> int:
 
     out = Path(args.out)
     counts: collections.Counter = collections.Counter()

@@ -15,6 +15,7 @@ import onnx_ir as ir
 from dlcc.errors import DlccError
 from dlcc.frontend.load import load
 from dlcc.frontend.shapes import infer_shapes, refresh_shapes, set_input_shapes
+from dlcc.frontend.sizes import check_tensor_sizes
 from dlcc.passes.manager import ManagerOptions, PassManager, PipelineReport
 from dlcc.passes.pipeline import DEFAULT_LEVEL, MAX_LEVEL, PipelineOptions, passes_for
 
@@ -43,6 +44,7 @@ def optimize(
         infer_shapes(model)
     else:
         refresh_shapes(model)  # infers unless every value already has a static shape (small models: load did)
+    check_tensor_sizes(model)  # a tensor larger than memory is refused before any pass could materialize it
     from dlcc.passes.targets import get_target
 
     get_target(target)  # an unknown target is the user's error, before any work
@@ -50,7 +52,7 @@ def optimize(
         passes_for(level, PipelineOptions(target=target, allow_lossy=allow_lossy)),
         ManagerOptions(verify=verify, print_after=print_after, print_after_all=print_after_all,
                        dump_dir=dump_dir, emit=emit, on_pass=on_pass,
-                       after_round=refresh_shapes),
+                       after_round=_refresh_and_check),
         level=level,
     )
     report: PipelineReport = manager.run(model)
@@ -58,3 +60,10 @@ def optimize(
         refresh_shapes(model)
     model.meta["dlcc.report"] = report
     return model
+
+
+def _refresh_and_check(model: ir.Model) -> bool:
+    """After each round: shapes for new values, and folding may have made a huge shape static."""
+    changed = refresh_shapes(model)
+    check_tensor_sizes(model)
+    return changed

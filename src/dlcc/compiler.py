@@ -9,7 +9,9 @@ What comes out: ``Artifacts`` (every stage's result, for the bundle writer, repo
 ``build_artifacts``; ``compile`` returns the loaded ``CompiledModel``.
 
 Errors before any C is generated: symbolic dims name the input and suggest ``--input-shape``; every
-unsupported op is listed at once with its count.
+unsupported op is listed at once with its count; a tensor above ``dlcc.frontend.sizes.max_tensor_bytes()``
+(2^34 bytes or the physical memory), or weights, inputs and outputs, or arena and weights, above it
+together, are refused after shape inference and memory planning, before anything of that size exists.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import onnx_ir as ir
 
 from dlcc.errors import DlccError
+from dlcc.frontend.sizes import check_tensor_sizes, check_total_bytes
 
 __all__ = ["Artifacts", "build_artifacts", "compile_model"]
 
@@ -96,6 +99,7 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
         raise DlccError(f"the C backend does not support {sum(missing.values())} node(s): {listing}",
                         hint="`dlcc optimize` still writes optimized ONNX for this model")
     _check_static(m)
+    _check_sizes(m)
     if fusion == "auto":
         # both planners, judged by what the backend really moves: the bytes each kernel reads and writes
         # once lowered (a group whose ops must be materialized inside it costs what it costs)
@@ -116,6 +120,7 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
         program = lower(m, plan)
     stage("lower")
     memory = plan_program_memory(program)
+    check_total_bytes("arena and weights", memory.arena_bytes + _weights_bytes(m))  # before codegen copies
     stage("memory")
     csource = generate(program, memory)
     stage("codegen")
@@ -187,6 +192,20 @@ def _check_static(m: ir.Model) -> None:
                         hint="freeze them: dlcc.compile(model, constants={name: array})")
                 raise DlccError(f"the shape of '{v.name}' (output of {node.op_type}) is not static after "
                                 "shape inference", hint="fix the input shapes with --input-shape")
+
+
+def _weights_bytes(m: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in m.graph.initializers.values() if v.const_value is not None)
+
+
+def _check_sizes(m: ir.Model) -> None:
+    """Every value (static now) fits the one-tensor limit; the weights and the graph's inputs and outputs
+    (which the caller allocates) fit it together. Shape arithmetic only: nothing is allocated yet."""
+    from dlcc.frontend.sizes import value_bytes
+
+    check_tensor_sizes(m)
+    io = sum((value_bytes(v) or (0, 0))[1] for v in [*m.graph.inputs, *m.graph.outputs])
+    check_total_bytes("weights, inputs and outputs", _weights_bytes(m) + io)
 
 
 def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",

@@ -8,9 +8,10 @@ Registered in ``dlcc.codegen.expr.INDEXED`` at import: Transpose, Slice, Concat,
 GatherElements, Pad, Expand, Tile, DepthToSpace, SpaceToDepth, Resize, Upsample, dlcc::ChannelShuffle,
 Reshape, Flatten, Squeeze, Unsqueeze (Identity is already an elementwise op in expr.py).
 
-Safety rule: a load inside a conditional branch (Pad's in-range test, Concat's choice of input) is
-generated in pure-expression mode (``stmts=None``) so it is never hoisted before its guard; the choice
-is a C ternary. Indices read from data (Gather, GatherElements) are normalized for negatives and clamped,
+Safety rule: a load that depends on a condition (Pad's in-range test, Concat's choice of input) is
+generated in pure-expression mode (``stmts=None``), at an index clamped into range, and evaluated
+unconditionally into a local before the C ternary chooses (``_choose``): a load inside a ternary branch
+becomes a masked load, which GCC 12 -O3 with AVX2/AVX-512 miscompiles in some loop nests. Indices read from data (Gather, GatherElements) are normalized for negatives and clamped,
 so a bad index never reads out of bounds. Shapes are static: index arithmetic is folded in Python where
 an index is a literal, and per-axis maps that are not affine (Resize) become static const tables.
 """
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import TemplateError, c_float, c_helper, c_int, c_literal, contiguous_strides
+from dlcc.codegen.cbase import TemplateError, c_float, c_helper, c_int, c_literal, contiguous_strides, ctype
 from dlcc.codegen.expr import INDEXED, ExprGen, value_dtype, value_shape
 
 __all__: list[str] = []
@@ -260,16 +261,33 @@ def _concat(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) 
                 new[axis] = _add(i, -o)
                 return gen.at(v, new, stmts)
         raise TemplateError("Concat: index out of range")
-    # the choice of input is conditional: pure-expression loads only
-    v, o, _ = parts[-1]
+    # Every input is read (pure-expression loads) at its index clamped into range, unconditionally, and the
+    # value is chosen afterwards: a load inside a ternary branch becomes a masked load, which GCC 12 at -O3
+    # with AVX2/AVX-512 miscompiles in some loop nests (wrong elements; tests/fuzz/test_differential.py).
+    return _choose(gen, node, [(f"({i}) < {o + n}", v, _set(idx, axis, f"dlcc_edge_idx({_add(i, -o)}, {n})"))
+                               for v, o, n in parts])
+
+
+def _set(idx: Sequence[str], axis: int, value: str) -> list[str]:
     new = list(idx)
-    new[axis] = _add(i, -o)
-    expr = gen.at(v, new, None)
-    for v, o, n in reversed(parts[:-1]):
-        new = list(idx)
-        new[axis] = _add(i, -o)
-        expr = f"(({i}) < {o + n} ? ({gen.at(v, new, None)}) : ({expr}))"
-    return expr
+    new[axis] = value
+    return new
+
+
+def _choose(gen: ExprGen, node: ir.Node, cases: list[tuple[str | None, ir.Value | str, list[str]]]) -> str:
+    """``cond_0 ? value_0 : cond_1 ? value_1 : ... value_last`` with every value evaluated first, into a
+    local (a GNU statement expression): no load sits in a branch. A value is an input read at an index that
+    must be in range whatever the condition, or a C expression (str). The last condition is not tested."""
+    ct = ctype(value_dtype(node.outputs[0]))
+    decls, names = [], []
+    for _, v, new in cases:
+        name = gen.names("sel")
+        decls.append(f"const {ct} {name} = ({v if isinstance(v, str) else gen.at(v, new, None)});")
+        names.append(name)
+    expr = names[-1]
+    for (cond, _, _), name in zip(reversed(cases[:-1]), reversed(names[:-1]), strict=True):
+        expr = f"(({cond}) ? {name} : {expr})"
+    return f"({{ {' '.join(decls)} {expr}; }})"
 
 
 def _split(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
@@ -352,6 +370,7 @@ def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> 
     for k, a in enumerate(axes):
         begin[a], end[a] = pads[k], pads[k + len(axes)]
     new, conds = [], []
+    padded = [False] * rank  # axes whose index is tested against the input's range
     for d in range(rank):
         n = shape[d]
         i = _add(idx[d], -begin[d])
@@ -368,6 +387,7 @@ def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> 
                     conds.append(f"({i}) >= 0")
                 if end[d] > 0:
                     conds.append(f"({i}) < {n}")
+                padded[d] = True
             new.append(i)
         elif n == 0:
             raise TemplateError(f"Pad: mode {mode} needs a non-empty input along axis {d}")
@@ -384,7 +404,11 @@ def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> 
             raise TemplateError(f"Pad: mode {mode!r} is not supported")
     if not conds:
         return gen.at(x, new, stmts)
-    return f"(({' && '.join(conds)}) ? ({gen.at(x, new, None)}) : ({value_expr}))"
+    if 0 in shape:
+        return f"(({' && '.join(conds)}) ? ({gen.at(x, new, None)}) : ({value_expr}))"
+    # the load at the index clamped into range, unconditionally, then the choice (see _concat: GCC 12)
+    clamped = [f"dlcc_edge_idx({e}, {n})" if guarded else e for e, n, guarded in zip(new, shape, padded, strict=True)]
+    return _choose(gen, node, [(" && ".join(conds), x, clamped), (None, value_expr, [])])
 
 
 def _reflect(i: int, n: int) -> int:

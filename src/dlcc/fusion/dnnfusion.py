@@ -215,21 +215,33 @@ class _Planner:
         self.max_group_size = max_group_size
         self.order = {n: i for i, n in enumerate(graph)}
         self.taken: set[ir.Node] = set()
+        self.group_of: dict[ir.Node, tuple[ir.Node, ...]] = {}  # taken node -> its group
+        self.spans: list[tuple[int, int]] = []  # (first, last) graph position of each taken group
 
     def convex_with(self, group: set[ir.Node], node: ir.Node) -> bool:
-        """Would ``group | {node}`` be convex? Walk forward from the set through outside nodes; reaching the
-        set again means a path leaves and comes back. Only nodes before the set's last node (in graph
-        order, which is topological) can lead back, so the walk stops there."""
+        """Would ``group | {node}`` be convex, with the groups already taken as units (kernels)? Walk forward
+        from the set through outside nodes; reaching the set again means a path leaves and comes back.
+        Reaching a member of a taken group continues from all its members: the group runs as one kernel,
+        so a path into one member and out of another is a path (two groups each convex alone can still
+        need each other). Only nodes at or before ``bound`` in graph order (topological) can lead back: the
+        set's last node, widened to the last member of every taken group starting before the bound."""
         members = group | {node}
-        last = max(self.order[n] for n in members)
+        bound = max(self.order[n] for n in members)
+        changed = True
+        while changed:
+            changed = False
+            for lo, hi in self.spans:
+                if lo <= bound < hi:
+                    bound, changed = hi, True
         stack = [c for m in members for c in _consumers(m) if c not in members]
         seen: set[ir.Node] = set()
         while stack:
             n = stack.pop()
-            if n in seen or self.order.get(n, last + 1) > last:
+            if n in seen or self.order.get(n, bound + 1) > bound:
                 continue
-            seen.add(n)
-            for c in _consumers(n):
+            unit = self.group_of.get(n, (n,))
+            seen.update(unit)
+            for c in (c for u in unit for c in _consumers(u)):
                 if c in members:
                     return False
                 stack.append(c)
@@ -294,6 +306,8 @@ class _Planner:
                 continue
             group = self.grow(seed)
             self.taken.update(group)
+            self.group_of.update((n, tuple(group)) for n in group)
+            self.spans.append((self.order[group[0]], self.order[group[-1]]))
             groups.append(group)
         groups.extend([n] for n in self.graph if n not in self.taken)
         return groups

@@ -157,7 +157,6 @@ class _Lowering:
 
         steps: list[tuple[int, Step]] = []
         kernel = Kernel(kid, group.id, [], nodes=nodes)
-        copies: list[tuple[ir.Value, ir.Value]] = []  # (graph output, the value it copies)
         for n in nodes:
             key = op_key(n)
             if _is_template(n):
@@ -171,8 +170,8 @@ class _Lowering:
                 continue
             if key in RESHAPE_LIKE and n.outputs[0] in need:
                 y, x = n.outputs[0], n.inputs[0]
-                if y in self.graph_outputs:
-                    copies.append((y, x))
+                if y in self.graph_outputs:  # in node order: later steps of the group may read y's buffer
+                    steps.append((order[n], Step("copy", [y], None, [], (self.buffer_of(y), self.buffer_of(x)))))
                     continue
                 base = self.buffer_of(x)
                 if not self.buffers[base].contiguous:
@@ -184,8 +183,6 @@ class _Lowering:
                     steps.append((order[n], Step("loop", [v], None, [n])))
         steps.sort(key=lambda t: t[0])
         kernel.steps = [s for _, s in steps]
-        for y, x in copies:
-            kernel.steps.append(Step("copy", [y], None, [], (self.buffer_of(y), self.buffer_of(x))))
         return kernel
 
     # ------------------------------------------------------------------ program

@@ -279,12 +279,17 @@ class ConstantFolding(Pass):
         return gen.source if gen is not None else 0
 
     def _estimate_bytes(self, node: ir.Node) -> int | None:
-        """Bytes of the node's outputs from static shapes (ConstantOfShape: from its shape input)."""
+        """Bytes of the node's outputs from static shapes, or for ops whose output size is set by the value
+        of an input (ConstantOfShape, Expand, Tile, Range), from those values: shape inference may not
+        know the shape yet when an input was folded in this sweep, and evaluating to find out could
+        allocate terabytes. Python integers: a product above 64 bits is a (huge) number, not a wrap."""
+        generated = _generated_elements(node, self._value_shape)
+        if generated is not None and node.outputs[0].dtype is not None:
+            return _nbytes(generated, node.outputs[0].dtype)
         if node.op_type == "ConstantOfShape" and _is_const(node.inputs[0]):
-            dims = node.inputs[0].const_value.numpy()
             a = node.attributes.get("value")
             dtype = a.value.dtype if a is not None else ir.DataType.FLOAT
-            return _nbytes(int(np.prod(dims, dtype=np.int64)), dtype)
+            return _nbytes(math.prod(int(d) for d in node.inputs[0].const_value.numpy().ravel()), dtype)
         total = 0
         for out in node.outputs:
             dims = _static_dims(out.shape)
@@ -293,6 +298,12 @@ class ConstantFolding(Pass):
                 return None
             total += nbytes
         return total
+
+    def _value_shape(self, v: ir.Value) -> list[int] | None:
+        """The static shape of a constant (or generated) value, without evaluating it."""
+        if _is_const(v):
+            return [int(d) for d in v.const_value.shape]
+        return _static_dims(v.shape)
 
     def _evaluate(self, node: ir.Node) -> list[np.ndarray | None] | None:
         """The node's results, or None (recorded) when an input is too big or evaluation fails."""
@@ -453,6 +464,44 @@ class ConstantFolding(Pass):
             stack.extend(x for x in node.inputs if x is not None)
             self._graph.remove(node, safe=True)
             self._generators.pop(node, None)
+
+
+def _small_const(v: ir.Value | None) -> np.ndarray | None:
+    """The value of a small materialized constant (a shape, repeats, a scalar), else None."""
+    if v is None or not _is_const(v) or v.const_value.nbytes > SMALL_BYTES:
+        return None
+    return v.const_value.numpy()
+
+
+def _generated_elements(node: ir.Node, shape_of) -> int | None:
+    """Elements of the first output of an op whose output size is given by an input's value, computed
+    from that value without evaluating the op; None for other ops or when a value is not known."""
+    op, ins = node.op_type, node.inputs
+    try:
+        if op == "Expand" and len(ins) == 2 and ins[0] is not None:
+            target, x = _small_const(ins[1]), shape_of(ins[0])
+            if target is None or x is None:
+                return None
+            dims = [int(d) for d in target.ravel()]
+            rank = max(len(dims), len(x))
+            dims, x = [1] * (rank - len(dims)) + dims, [1] * (rank - len(x)) + x
+            return math.prod(max(a, b) if 1 in (a, b) else a for a, b in zip(dims, x, strict=True))
+        if op == "Tile" and len(ins) == 2 and ins[0] is not None:
+            reps, x = _small_const(ins[1]), shape_of(ins[0])
+            if reps is None or x is None:
+                return None
+            return math.prod(x) * math.prod(max(int(r), 0) for r in reps.ravel())
+        if op == "Range" and len(ins) == 3:
+            args = [_small_const(v) for v in ins]
+            if any(a is None or a.size != 1 for a in args):
+                return None
+            start, limit, delta = (a.ravel()[0].item() for a in args)
+            if delta == 0:
+                return None
+            return max(int(math.ceil((limit - start) / delta)), 0)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
 
 
 def _attr(node: ir.Node, name: str, default):

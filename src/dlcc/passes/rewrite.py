@@ -289,7 +289,7 @@ def _apply(graph: ir.Graph, root: ir.Node, new_values: list[ir.Value | None], b:
             if old.uses() or old.is_graph_output():
                 raise PassError(f"a rewrite of {root.op_type} dropped output '{old.name}' that is still used")
             continue
-        if new.dtype is None:
+        if new.dtype is None and old.dtype is not None:  # a None dtype would make a Tensor(None) type
             new.dtype = old.dtype
         if new.shape is None and old.shape is not None:
             new.shape = old.shape

@@ -34,7 +34,7 @@ COMPILE_LEVELS = (3, 3, 0, 2, 1)
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str  # "mismatch" | "dlcc_error" | "crash" | "unsupported"
+    kind: str  # "mismatch" | "near_miss" (within 100x the tolerance) | "dlcc_error" | "crash" | "unsupported"
     text: str
 
 
@@ -58,7 +58,11 @@ def _compare(pipeline: str, ref: dict, got: dict) -> list[Problem]:
         d = diff(name, r, g, rtol=RTOL, atol=ATOL)
         if not d.ok:
             why = d.reason or f"max|err| {d.max_abs:.3g} vs scale {d.scale:.3g} (rel {d.max_rel:.3g})"
-            out.append(Problem("mismatch", f"{pipeline}: output '{name}' {list(d.shape)}: {why}"))
+            # within 100x the tolerance: most often an ill-conditioned graph (a normalization of values that
+            # a clamp made (nearly) constant amplifies rounding), counted apart so real bugs stand out
+            near = not d.reason and d.max_abs <= 100 * (RTOL * d.scale + ATOL)
+            text = f"{pipeline}: output '{name}' {list(d.shape)}: {why}" + (" (near miss)" if near else "")
+            out.append(Problem("near_miss" if near else "mismatch", text))
     return out
 
 
@@ -117,9 +121,10 @@ def check_graph(model: onnx.ModelProto, seed: int = 0, **kwargs) -> list[str]:
 
 
 def classify(problems: list[Problem]) -> str:
-    """The outcome of one graph: the worst kind of problem (crash > dlcc_error > mismatch > unsupported)."""
+    """The outcome of one graph: the worst kind of problem (crash > dlcc_error > mismatch > near_miss >
+    unsupported), or "agree"."""
     kinds = {p.kind for p in problems}
-    for k in ("crash", "dlcc_error", "mismatch", "unsupported"):
+    for k in ("crash", "dlcc_error", "mismatch", "near_miss", "unsupported"):
         if k in kinds:
             return k
     return "agree"
@@ -138,7 +143,7 @@ def check_seed(seed: int) -> tuple[int, str, list[str]]:
 
 
 def run(seeds: Iterable[int], *, jobs: int = 1, on_result=None) -> collections.Counter:
-    """Counts over random graphs: graphs, agree, mismatch, dlcc_error, crash, unsupported.
+    """Counts over random graphs: graphs, agree, mismatch, near_miss, dlcc_error, crash, unsupported.
     ``on_result(seed, outcome, lines)`` sees every graph (to save failing ones)."""
     counts: collections.Counter = collections.Counter()
     if jobs > 1:

@@ -1,0 +1,119 @@
+"""The standalone bundle: `dlcc compile MODEL -o DIR`, `make -C DIR`, the driver's I/O, `dlcc run`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+
+from dlcc.check import diff, random_inputs, run_ort
+from dlcc.cli import main
+from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model
+from dlcc.testing.randomize import randomize
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None,
+                                reason="needs make and cc")
+RTOL, ATOL = 1e-4, 1e-6  # as in test_compile.py: level-3 folding and another summation order
+
+
+def _run_bundle(model: onnx.ModelProto, tmp_path, name: str) -> None:
+    src = tmp_path / f"{name}.onnx"
+    onnx.save(model, src)
+    out = tmp_path / f"{name}-bundle"
+    assert main(["compile", str(src), "-o", str(out), "--build"]) == 0
+    for f in ("model.c", "model.h", "main.c", "weights.bin", "Makefile", "model.json", "model"):
+        assert (out / f).exists(), f
+    manifest = json.loads((out / "model.json").read_text())
+    feeds = random_inputs(model, seed=4)
+    files = []
+    for i, spec in enumerate(manifest["inputs"]):
+        p = tmp_path / f"in{i}.npy"
+        np.save(p, feeds[spec["name"]])
+        files.append(str(p))
+    proc = subprocess.run([str(out / "model"), "-q", "-o", str(tmp_path), *files], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    ref = run_ort(model, feeds)
+    for spec in manifest["outputs"]:
+        got = np.load(tmp_path / spec["file"])
+        d = diff(spec["name"], ref[spec["name"]], got, rtol=RTOL, atol=ATOL)
+        assert d.ok, d.reason
+
+
+@needs_make
+@pytest.mark.parametrize("name", ["mlp", "residual_proj", "transformer_encoder", "transformer_encoder_where"])
+def test_kit_bundles_build_with_make_and_match(name, tmp_path) -> None:
+    _run_bundle(randomize(KIT_MODELS[name](), seed=0), tmp_path, name)
+
+
+@needs_make
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_bundles_build_with_make_and_match(name, tmp_path) -> None:
+    _run_bundle(light_model(name, seed=0), tmp_path, name)
+
+
+@needs_make
+def test_driver_checks_inputs_and_times(tmp_path) -> None:
+    model = randomize(KIT_MODELS["mlp"](), seed=0)
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    out = tmp_path / "b"
+    assert main(["compile", str(src), "-o", str(out), "--build"]) == 0
+    x = random_inputs(model, seed=0)["x"]
+    bad = tmp_path / "bad.npy"
+    np.save(bad, x[:1])
+    proc = subprocess.run([str(out / "model"), str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "shape" in proc.stderr
+    np.save(bad, x.astype(np.float64))
+    proc = subprocess.run([str(out / "model"), str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "dtype" in proc.stderr
+    raw = tmp_path / "x.raw"
+    x.tofile(raw)
+    proc = subprocess.run([str(out / "model"), "-n", "3", "-o", str(tmp_path), str(raw)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and "latency: mean" in proc.stdout
+    ref = run_ort(model, {"x": x})
+    got = np.load(tmp_path / "output0.npy")
+    assert diff("y", next(iter(ref.values())), got, rtol=RTOL, atol=ATOL).ok
+    proc = subprocess.run([str(out / "model")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "input" in proc.stderr
+
+
+@needs_make
+def test_cli_run_bundle_and_model_compare_with_onnxruntime(tmp_path, capsys) -> None:
+    model = randomize(KIT_MODELS["residual"](), seed=0)
+    src = tmp_path / "r.onnx"
+    onnx.save(model, src)
+    out = tmp_path / "rb"
+    assert main(["compile", str(src), "-o", str(out)]) == 0
+    assert main(["run", str(out), "--compare-ort", "--bench", "2"]) == 0
+    assert main(["run", str(src), "--compare-ort", "--bench", "2", "--save", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "onnxruntime latency" in err and "dlcc latency" in err
+    assert (tmp_path / "output0.npy").exists()
+
+
+def test_compile_refuses_to_overwrite_a_folder_that_is_not_a_bundle(tmp_path, capsys, small_path) -> None:
+    other = tmp_path / "precious"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    assert main(["compile", str(small_path), "-o", str(other), "--input-shape", "x=2,4"]) == 2
+    assert (other / "notes.txt").read_text() == "keep me"
+    assert "not a dlcc bundle" in capsys.readouterr().err
+    out = tmp_path / "b"
+    assert main(["compile", str(small_path), "-o", str(out), "--input-shape", "x=2,4"]) == 0
+    assert main(["compile", str(small_path), "-o", str(out), "--input-shape", "x=3,4"]) == 0  # a bundle: replaced
+    assert json.loads((out / "model.json").read_text())["inputs"][0]["shape"] == [3, 4]
+    assert main(["compile", str(small_path), "-o", str(tmp_path / "missing" / "b"), "--input-shape", "x=2,4"]) == 2
+
+
+def test_compile_errors_are_one_line(tmp_path, capsys, small_path) -> None:
+    assert main(["compile", str(small_path), "-o", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic" in err and "--input-shape" in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists()
+    assert main(["run", str(tmp_path / "nothing.onnx")]) == 2
