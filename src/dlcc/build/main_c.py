@@ -79,12 +79,16 @@ static int read_input(const char *path, const spec_t *s, void *dst, int index) {
         if (magic[6] == 1) {{ hlen = magic[8] | (magic[9] << 8); start = 10; }}
         else {{
             unsigned char more[2];
-            if (fread(more, 1, 2, f) != 2) {{ fclose(f); fprintf(stderr, "error: %s: truncated .npy\\n", path); return 0; }}
+            if (fread(more, 1, 2, f) != 2) {{
+                fclose(f); fprintf(stderr, "error: %s: truncated .npy\\n", path); return 0;
+            }}
             hlen = magic[8] | (magic[9] << 8) | ((size_t)more[0] << 16) | ((size_t)more[1] << 24); start = 12;
         }}
         if (hlen > 65536) {{ fclose(f); fprintf(stderr, "error: %s: bad .npy header\\n", path); return 0; }}
         char *h = (char *)calloc(hlen + 1, 1);
-        if (!h || fread(h, 1, hlen, f) != hlen) {{ free(h); fclose(f); fprintf(stderr, "error: %s: truncated .npy header\\n", path); return 0; }}
+        if (!h || fread(h, 1, hlen, f) != hlen) {{
+            free(h); fclose(f); fprintf(stderr, "error: %s: truncated .npy header\\n", path); return 0;
+        }}
         char want[160];
         snprintf(want, sizeof want, "'descr': '%s'", s->descr);
         int ok_d = strstr(h, want) != NULL;
@@ -200,7 +204,8 @@ int main(int argc, char **argv) {{
             t = now_ms() - t;
             total += t; if (t < best) best = t;
         }}
-        printf("latency: mean %.3f ms, best %.3f ms over %d runs (first run %.3f ms)\\n", total / runs, best, runs, first);
+        printf("latency: mean %.3f ms, best %.3f ms over %d runs (first run %.3f ms)\\n",
+               total / runs, best, runs, first);
     }}
     for (int i = 0; i < DLCC_NUM_OUTPUTS; ++i) {{
         char path[4096];

@@ -11,7 +11,8 @@ Reshape, Flatten, Squeeze, Unsqueeze (Identity is already an elementwise op in e
 Safety rule: a load that depends on a condition (Pad's in-range test, Concat's choice of input) is
 generated in pure-expression mode (``stmts=None``), at an index clamped into range, and evaluated
 unconditionally into a local before the C ternary chooses (``_choose``): a load inside a ternary branch
-becomes a masked load, which GCC 12 -O3 with AVX2/AVX-512 miscompiles in some loop nests. Indices read from data (Gather, GatherElements) are normalized for negatives and clamped,
+becomes a masked load, which GCC 12 -O3 with AVX2/AVX-512 miscompiles in some loop nests. Indices read
+from data (Gather, GatherElements) are normalized for negatives and clamped,
 so a bad index never reads out of bounds. Shapes are static: index arithmetic is folded in Python where
 an index is a literal, and per-axis maps that are not affine (Resize) become static const tables.
 """
