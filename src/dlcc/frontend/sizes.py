@@ -49,9 +49,13 @@ def _fmt_bytes(n: int) -> str:
 
 def value_bytes(v: ir.Value) -> tuple[int, int] | None:
     """(elements, bytes) of a value with a static shape and a fixed-size dtype; None otherwise."""
-    if v.shape is None or v.dtype is None or not all(isinstance(d, int) for d in v.shape):
+    shape = v.shape
+    if shape is None or v.dtype is None:
         return None
-    count = math.prod(int(d) for d in v.shape)
+    dims = shape.dims  # a tuple: ints for static dims (cheaper than iterating the Shape)
+    if not all(type(d) is int for d in dims):
+        return None
+    count = math.prod(dims)
     try:
         itemsize = v.dtype.itemsize
     except (TypeError, ValueError):  # strings have no fixed size
@@ -70,7 +74,14 @@ def check_tensor_sizes(model: ir.Model, *, limit: int | None = None) -> None:
     """Refuse the model when one of its values (graph inputs, initializers, node outputs, in subgraphs
     too) has a static shape whose element count overflows 64 bits or whose size is above ``limit``."""
     limit = max_tensor_bytes() if limit is None else limit
+    cheap = limit // 16  # no dtype is wider than 16 bytes: fewer elements than this cannot be too large
     for v in _values(model.graph):
+        shape = v.shape
+        if shape is None:
+            continue
+        dims = shape.dims
+        if all(type(d) is int for d in dims) and math.prod(dims) < cheap:
+            continue
         sized = value_bytes(v)
         if sized is None:
             continue
