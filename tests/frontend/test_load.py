@@ -242,3 +242,19 @@ def test_streamed_save_equals_serialized_model(tmp_path: Path) -> None:
     assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
     assert [t.name for t in got.graph.initializer] == ["big", "half", "small", "ints"]
     onnx.checker.check_model(str(out), full_check=True)
+
+
+def test_names_that_are_not_utf8_are_refused() -> None:
+    """Fuzzer find (flip mutants): a flipped byte in the graph or a node name made bytes that are not
+    UTF-8; loading accepted them and saving crashed. Now the loader refuses them."""
+    import onnx.parser
+
+    from dlcc.errors import ModelLoadError
+
+    for field in (b"graphnamezz", b"nodenamezz"):
+        m = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        graphnamezz (float[2] x) => (float[2] y) { y = Relu(x) }""")
+        m.graph.node[0].name = "nodenamezz"
+        data = m.SerializeToString().replace(field, field[:4] + b"\xdf" + field[5:])
+        with pytest.raises(ModelLoadError, match="not valid UTF-8"):
+            dlcc.load(data)

@@ -74,6 +74,7 @@ def load(
         _run_checker(proto)
         proto = _infer_small(proto)
     model = ir.serde.deserialize_model(proto)
+    _check_text(model)
     if not small:
         _run_checker(model)
     if folder is not None:
@@ -83,6 +84,32 @@ def load(
     model.meta["dlcc.source"] = str(source) if isinstance(source, str | os.PathLike) else "<memory>"
     _normalize_initializer_inputs(model, keep_initializer_inputs)
     return model
+
+
+def _check_text(model: ir.Model) -> None:
+    """Names and doc strings must be text: a corrupted file can hold bytes that are not UTF-8 (protobuf's
+    proto2 strings let them through), which nothing downstream could write back."""
+    def bad(x) -> bool:
+        return isinstance(x, bytes | bytearray)
+
+    for graph in (model.graph, *model.graph.subgraphs()):
+        what = None
+        if bad(graph.name) or bad(graph.doc_string):
+            what = "the graph name"
+        for v in (*graph.inputs, *graph.outputs, *graph.initializers.values()):
+            if bad(v.name):
+                what = "a value name"
+        for node in graph:
+            if bad(node.name) or bad(node.op_type) or bad(node.domain) or bad(node.doc_string):
+                what = "a node name"
+            if any(bad(v.name) for v in node.outputs):
+                what = "a value name"
+        if what:
+            raise ModelLoadError(f"the model is corrupted: {what} is not valid UTF-8 text",
+                                 hint="re-export the model")
+    if any(bad(x) for x in (model.producer_name, model.producer_version, model.domain, model.doc_string)):
+        raise ModelLoadError("the model is corrupted: its producer or doc string is not valid UTF-8 text",
+                             hint="re-export the model")
 
 
 # ---------------------------------------------------------------------------------------------- reading

@@ -400,7 +400,7 @@ def run_case_inprocess(data: bytes, *, level: int = 3) -> Outcome:
         src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
         src.write_bytes(data)
         buf = io.StringIO()
-        old = cli._err.file
+        old = cli._err._file  # None: the console follows sys.stderr; restoring ``.file`` would pin it
         cli._err.file = buf
         try:
             with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(io.StringIO()):
@@ -412,5 +412,5 @@ def run_case_inprocess(data: bytes, *, level: int = 3) -> Outcome:
                     buf.write("Traceback (most recent call last):\n" + "".join(traceback.format_exception(e)))
                     code = 1
         finally:
-            cli._err.file = old
+            cli._err._file = old
         return classify(code, buf.getvalue(), dst)
