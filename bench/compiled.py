@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 import dlcc  # noqa: E402
-from dlcc.check import _session, diff, random_inputs  # noqa: E402
+from dlcc.check import _session, diff, interleaved_best_ms, random_inputs  # noqa: E402
 from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model, randomize  # noqa: E402
 from machine import write_section  # noqa: E402
 
@@ -79,19 +79,12 @@ def bench_model(name: str, runs: int, tmp: Path) -> dict:
     for _ in range(2):  # warm-up
         cm(feeds)
         sess.run(None, feeds)
-    td, to = [], []
-    for _ in range(runs):  # interleaved, so both see the same machine state
-        t = time.perf_counter()
-        cm(feeds)
-        td.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        to.append(time.perf_counter() - t)
+    dlcc_ms, ort_ms = interleaved_best_ms([lambda: cm(feeds), lambda: sess.run(None, feeds)], runs)
     info = cm.info
     ort_delta, ort_total = _ort_peak(proto, feeds, tmp)
     return {"model": name, "compile s": compile_s, "cc s": info["timings"].get("cc", 0.0),
             "kernels": info["kernels"], "err": err,
-            "dlcc ms": 1e3 * min(td), "ort ms": 1e3 * min(to), "arena": info["arena_bytes"],
+            "dlcc ms": dlcc_ms, "ort ms": ort_ms, "arena": info["arena_bytes"],
             "lb": info["lower_bound_bytes"], "noreuse": info["no_reuse_bytes"], "ort delta": ort_delta,
             "ort total": ort_total, "fusion": info["fusion"]}
 

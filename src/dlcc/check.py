@@ -200,3 +200,17 @@ def check_models(a, b, *, feeds: Mapping[str, np.ndarray] | None = None, seed: i
                              hint=f"the model's inputs are {[s.name for s in input_specs(sa)]}")
         data.update(feeds)
     return compare(run_ort(a, data, session=sa), run_ort(b, data, session=sb), rtol=rtol, atol=atol)
+
+
+def interleaved_best_ms(fns, runs: int) -> list[float]:
+    """Best wall time (ms) of each callable over ``runs`` rounds; each round calls them one after the
+    other, so all of them see the same machine state (a latency ratio from one run is then fair)."""
+    import time
+
+    best = [float("inf")] * len(fns)
+    for _ in range(runs):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t)
+    return [1e3 * b for b in best]

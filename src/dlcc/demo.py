@@ -80,7 +80,7 @@ def main() -> int:
 def _compiled_figures(src: Path) -> dict:
     import numpy as np
 
-    from dlcc.check import _session, random_inputs
+    from dlcc.check import _session, interleaved_best_ms, random_inputs
 
     proto = onnx.load(src)
     t0 = time.perf_counter()
@@ -91,20 +91,13 @@ def _compiled_figures(src: Path) -> dict:
     ref = sess.run(None, feeds)
     got = list(cm(feeds).values())
     err = max(float(np.max(np.abs(g - r)) / max(np.max(np.abs(r)), 1e-30)) for g, r in zip(got, ref, strict=True))
-    td, to = [], []
-    for _ in range(5):
-        t = time.perf_counter()
-        cm(feeds)
-        td.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        to.append(time.perf_counter() - t)
+    dlcc_ms, ort_ms = interleaved_best_ms([lambda: cm(feeds), lambda: sess.run(None, feeds)], 5)
     info = cm.info
     binary = Path("demo-out/resnet50-c/model")
     return {"kernels": info["kernels"], "fusion": cm.artifacts.plan.reason, "compile": compile_s,
             "arena": info["arena_bytes"], "bound": info["lower_bound_bytes"], "noreuse": info["no_reuse_bytes"],
             "weights": info["weights_bytes"], "binary": binary.stat().st_size if binary.exists() else 0,
-            "dlcc": 1e3 * min(td), "ort": 1e3 * min(to), "err": err}
+            "dlcc": dlcc_ms, "ort": ort_ms, "err": err}
 
 
 if __name__ == "__main__":
