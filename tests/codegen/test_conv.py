@@ -6,22 +6,17 @@ for conv/matmul), relative to the output's scale.
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import run_node
+from dlcc.codegen.harness import assert_close, ort_output, run_node
 
-
-def _ort(model, feeds):
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(None, feeds)[0]
+_ort = ort_output
 
 
 def _close(got, ref, rtol=1e-4, atol=1e-6):
-    assert got.shape == ref.shape
-    assert np.max(np.abs(got - ref)) <= rtol * np.max(np.abs(ref)) + atol
+    assert_close(got, ref, rtol, atol)
 
 
 def _model(op, x_shape, w_shape, b, attrs, const_w, out_shape=None, opset=21):

@@ -18,13 +18,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 from onnx import helper
 
 from dlcc.codegen.cbase import TemplateError
 from dlcc.codegen.expr import ELEMENTWISE
-from dlcc.codegen.harness import run_node
+from dlcc.codegen.harness import ort_output, run_node
 
 F32, I64, I32, BOOL = np.float32, np.int64, np.int32, np.bool_
 
@@ -53,9 +52,7 @@ def _model(op, inputs, attrs=None, *, opset=17, consts=(), outputs=("y",)):
     return onnx.shape_inference.infer_shapes(m, strict_mode=True), feeds
 
 
-def _ort(model, feeds):
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(None, feeds)[0]
+_ort = ort_output
 
 
 def _check(got, ref, rtol=1e-5, atol=1e-6):

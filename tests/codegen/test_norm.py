@@ -3,22 +3,17 @@
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import run_node
+from dlcc.codegen.harness import assert_close, ort_output, run_node
 
-
-def _ort(model, feeds):
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(None, feeds)[0]
+_ort = ort_output
 
 
 def _close(got, ref, rtol=1e-5, atol=1e-6):
-    assert got.shape == ref.shape
-    assert np.max(np.abs(got - ref)) <= rtol * np.max(np.abs(ref)) + atol
+    assert_close(got, ref, rtol, atol)
 
 
 def _model(op, shape, attrs, *, opset=17, weights=(), const=True, outputs=("y",)):

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, loops
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
 
-__all__ = ["run_node"]
+__all__ = ["assert_close", "ort_output", "run_node"]
 
 
 
@@ -111,3 +111,16 @@ def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *,
     lib.dlcc_node(*ptrs)
     return result
 
+
+def ort_output(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """Output 0 of ``model`` in onnxruntime: the oracle the one-node tests compare with."""
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)[0]
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """DESIGN.md's rule: same shape, and max|got - ref| <= rtol * max|ref| + atol (relative to the scale)."""
+    assert got.shape == ref.shape
+    assert np.max(np.abs(got - ref)) <= rtol * np.max(np.abs(ref)) + atol
