@@ -9,9 +9,11 @@ seed index and first stderr line, and its bytes are written to ``DIR/<seed>-<ind
 
 ``--graphs G`` then runs G random well-formed graphs (``dlcc.testing.graphs.random_graph(seed + i)``) through
 ``dlcc.testing.differential.check_graph`` (dlcc.optimize at levels 0-3 and dlcc.compile against onnxruntime)
-in J worker processes and prints the counts: graphs, agree, mismatch (near_miss: within 100x the tolerance,
-mostly ill-conditioned graphs), dlcc errors, crashes (and clean "unsupported" errors); each failing graph is
-written to ``DIR/graph-<seed>.onnx`` with its problems in ``DIR/graph-<seed>.txt``. ``--n 0`` skips the mutants.
+in J worker processes and prints the counts: graphs, agree, mismatch, near_miss (within 100x the tolerance),
+ill_conditioned (a near miss within 10x of how far onnxruntime's own result moves when every float input
+and weight changes by a few ulps: not a failure, listed), dlcc errors, crashes (and clean "unsupported"
+errors); each failing or ill-conditioned graph is written to ``DIR/graph-<seed>.onnx`` with its problems in
+``DIR/graph-<seed>.txt``. ``--n 0`` skips the mutants.
 """
 
 from __future__ import annotations
@@ -66,11 +68,13 @@ def run_graphs(args) -> int:
     dt = time.perf_counter() - t0
     print(f"dlcc differential fuzz: seeds {args.seed}..{args.seed + args.graphs - 1}, {counts['graphs']} graphs in "
           f"{dt:.0f} s ({dt / max(counts['graphs'], 1):.2f} s per graph, {args.jobs} jobs)")
-    cols = ("graphs", "agree", "mismatch", "near_miss", "dlcc_error", "crash", "unsupported")
-    print("".join(f"{c:>12}" for c in cols))
-    print("".join(f"{counts[c]:>12}" for c in cols))
+    cols = ("graphs", "agree", "mismatch", "near_miss", "ill_conditioned", "dlcc_error", "crash", "unsupported")
+    print("".join(f"{c:>16}" for c in cols))
+    print("".join(f"{counts[c]:>16}" for c in cols))
     for seed, outcome, lines in failures:
-        print(f"FAIL {outcome}: graph seed {seed}: {lines[0] if lines else ''}")
+        tag = "ILL-CONDITIONED (not a failure)" if outcome == "ill_conditioned" else f"FAIL {outcome}"
+        print(f"{tag}: graph seed {seed}: {lines[0] if lines else ''}")
+    failures = [f for f in failures if f[1] != "ill_conditioned"]
     if failures:
         print(f"{len(failures)} failing graph(s) written to {out}/")
     return 1 if failures else 0

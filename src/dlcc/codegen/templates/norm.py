@@ -76,12 +76,20 @@ def softmax(call: TemplateCall) -> str:
 
 
 def _mean_rstd(n: int, eps: float) -> list[Pass]:
+    """The mean is summed in double: exact for a row of equal values (a float sum of them rounds, and the
+    normalization then divides that rounding by sqrt(eps), far beyond float32 noise), and far more accurate
+    when |mean| is much larger than the spread. The deviations are then summed in float."""
     inv_n = c_float(1.0 / n)
     return [
-        Pass("mean", "0.0f", lambda a, v, g: f"{a} + {v}", _plus, after=lambda a, g: f"{a} * {inv_n}"),
-        Pass("rstd", "0.0f", lambda a, v, g: f"{a} + ({v} - {g('mean')}) * ({v} - {g('mean')})", _plus,
+        Pass("mean", "0.0", lambda a, v, g: f"{a} + {v}", _plus, after=lambda a, g: f"{a} / {float(n)!r}",
+             dtype="float64"),
+        Pass("rstd", "0.0f", lambda a, v, g: f"{a} + ({v} - {_mean(g)}) * ({v} - {_mean(g)})", _plus,
              after=lambda a, g: f"1.0f / sqrtf({a} * {inv_n} + {c_float(eps)})"),
     ]
+
+
+def _mean(g) -> str:
+    return f"((float){g('mean')})"
 
 
 @register("LayerNormalization")
@@ -99,7 +107,7 @@ def layer_norm(call: TemplateCall) -> str:
     passes = _mean_rstd(n, float(call.attr("epsilon", 1e-5)))
 
     def fin(xe, g, cached, idx):
-        v = f"({xe} - {g('mean')}) * {g('rstd')} * {scale.at(broadcast_index(idx, scale.shape))}"
+        v = f"({xe} - {_mean(g)}) * {g('rstd')} * {scale.at(broadcast_index(idx, scale.shape))}"
         return f"{v} + {bias.at(broadcast_index(idx, bias.shape))}" if bias is not None else v
     return row_reduce(call, x, axes, passes, finish_elem=fin, cache=True)
 
@@ -119,7 +127,7 @@ def instance_norm(call: TemplateCall) -> str:
     passes = _mean_rstd(n, float(call.attr("epsilon", 1e-5)))
 
     def fin(xe, g, cached, idx):
-        return f"({xe} - {g('mean')}) * {g('rstd')} * {scale.at([idx[1]])} + {bias.at([idx[1]])}"
+        return f"({xe} - {_mean(g)}) * {g('rstd')} * {scale.at([idx[1]])} + {bias.at([idx[1]])}"
     return row_reduce(call, x, axes, passes, finish_elem=fin, cache=True)
 
 
