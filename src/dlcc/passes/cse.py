@@ -33,7 +33,7 @@ from collections.abc import Hashable
 import onnx_ir as ir
 
 from dlcc.passes.manager import Pass
-from dlcc.passes.rewrite import all_graphs
+from dlcc.passes.rewrite import all_graphs, tensor_array
 
 # Domains whose ops are pure functions of their inputs and attributes (except the ops below).
 _PURE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "dlcc", "dlcc.fused"})
@@ -129,7 +129,7 @@ class CommonSubexpressionElimination(Pass):
             # a strided sample of 64 elements tells random weights apart without reading them all
             samples: dict[bytes, list[tuple[str, ir.Value]]] = {}
             for name, v in group:
-                flat = v.const_value.numpy().reshape(-1)
+                flat = tensor_array(v.const_value).reshape(-1)
                 sample = flat[:: max(1, flat.size // 64)].tobytes()
                 samples.setdefault(sample, []).append((name, v))
             changed |= self._merge_equal([g for g in samples.values() if len(g) > 1], graph)

@@ -60,7 +60,7 @@ import onnx_ir as ir
 
 from dlcc.frontend.shapes import infer_shapes
 from dlcc.passes.manager import Pass
-from dlcc.passes.rewrite import NameGen, as_tensor
+from dlcc.passes.rewrite import NameGen, as_tensor, tensor_array
 
 MAX_GROWTH = 16  # a result this many times larger than its source is a generator candidate
 MAX_BYTES = 1 << 20  # a generator candidate above this size is never materialized
@@ -470,7 +470,7 @@ def _small_const(v: ir.Value | None) -> np.ndarray | None:
     """The value of a small materialized constant (a shape, repeats, a scalar), else None."""
     if v is None or not _is_const(v) or v.const_value.nbytes > SMALL_BYTES:
         return None
-    return v.const_value.numpy()
+    return tensor_array(v.const_value)
 
 
 def _generated_elements(node: ir.Node, shape_of) -> int | None:
@@ -556,7 +556,7 @@ def _const_array(v: ir.Value | None) -> np.ndarray | None:
     if v is None or v.is_graph_input():
         return None
     if _is_const(v):
-        return v.const_value.numpy()
+        return tensor_array(v.const_value)
     p = v.producer()
     if p is None or p.op_type != "Constant" or p.domain not in _DEFAULT_DOMAINS:
         return None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -428,12 +429,33 @@ def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
     return out
 
 
+# numpy views of small serialized tensors, decoded once (passes read the same BN parameters, biases and
+# scalars many times per round); weak keys: an entry lives as long as its tensor. Big tensors are decoded
+# on demand only, so a large model is never held twice.
+_DECODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DECODE_CACHE_BYTES = 1 << 16
+
+
+def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
+    """``t.numpy()``, cached for small tensors that are not numpy-backed already. Callers must not write
+    into the result (true of ``numpy()`` on an ``ir.Tensor`` too: it is the tensor's own array)."""
+    if type(t) is ir.Tensor:  # not isinstance: ir.Tensor derives from a Protocol (slow instance checks)
+        return t.numpy()
+    arr = _DECODED.get(t)
+    if arr is None:
+        arr = t.numpy()
+        if arr.nbytes <= _DECODE_CACHE_BYTES:
+            arr.flags.writeable = False
+            _DECODED[t] = arr
+    return arr
+
+
 def const_array(v: ir.Value | None) -> np.ndarray | None:
     """The value's constant data (initializer or Constant node output), or None."""
     if v is None or v.is_graph_input():  # an initializer that is also an input can be overridden
         return None
     if v.const_value is not None:
-        return v.const_value.numpy()
+        return tensor_array(v.const_value)
     p = v.producer()
     if p is not None and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
         t = ir.convenience.get_const_tensor(v)
