@@ -258,3 +258,43 @@ def test_names_that_are_not_utf8_are_refused() -> None:
         data = m.SerializeToString().replace(field, field[:4] + b"\xdf" + field[5:])
         with pytest.raises(ModelLoadError, match="not valid UTF-8"):
             dlcc.load(data)
+
+
+def _conv_model(extra_node=None, legacy: bool = False) -> onnx.ModelProto:
+    """Conv + Relu with a 147 KB float weight (big enough for the weightless checker copy)."""
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((64, 64, 3, 3)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "b")
+    nodes = [oh.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), oh.make_node("Relu", ["c"], ["y"])]
+    if extra_node is not None:
+        nodes.append(extra_node)
+    inputs = [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64, 8, 8])]
+    if legacy:
+        inputs += [oh.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [64, 64, 3, 3]),
+                   oh.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [64])]
+    g = oh.make_graph(nodes, "g", inputs, [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64, "h", "w"])],
+                      initializer=[w, b])
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)], ir_version=3 if legacy else 8)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_shapes_inferred_without_the_weights_match_the_full_model(legacy) -> None:
+    """Checker and inference run on a copy without the big weights; every shape still arrives, the output's
+    type is filled in, and the weights themselves are untouched."""
+    m = _conv_model(legacy=legacy)
+    loaded = dlcc.load(m.SerializeToString())
+    values = {v.name: v for n in loaded.graph for v in n.outputs}
+    assert list(values["c"].shape) == [1, 64, 8, 8] and list(values["y"].shape) == [1, 64, 8, 8]
+    assert list(loaded.graph.outputs[0].shape) == [1, 64, 8, 8]
+    w = loaded.graph.initializers["w"].const_value.numpy()
+    assert np.array_equal(w, onnx.numpy_helper.to_array(m.graph.initializer[0]))
+    assert [v.name for v in loaded.graph.inputs] == ["x"]  # no weight became an input
+
+
+def test_checker_still_sees_errors_next_to_big_weights() -> None:
+    bad = _conv_model(oh.make_node("Relu", ["nowhere"], ["z"]))
+    with pytest.raises(ModelLoadError, match="not valid ONNX"):
+        dlcc.load(bad.SerializeToString())
+    dup = _conv_model(oh.make_node("Relu", ["x"], ["c"]))  # 'c' defined twice
+    with pytest.raises(ModelLoadError, match="not valid ONNX"):
+        dlcc.load(dup.SerializeToString())
