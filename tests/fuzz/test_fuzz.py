@@ -4,6 +4,9 @@ the mutator, and regression tests for every bug the fuzzer found (the minimized 
 from __future__ import annotations
 
 import collections
+import os
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 
 import dlcc
 from dlcc.errors import ModelLoadError
-from dlcc.testing.fuzz import KINDS, base_models, mutant, mutants, run_case, run_case_inprocess
+from dlcc.testing.fuzz import KINDS, base_models, mutant, mutants, run_case, run_case_forked, run_case_inprocess
 
 CI_SEED = 1
 CI_COUNT = 120  # about 40 s on 2 cores
@@ -49,6 +52,42 @@ def test_runner_classifies_ok_and_user_error():
     assert run_case(b"not a model", timeout=60).kind == "user_error"
     assert run_case_inprocess(good).kind == "ok"
     assert run_case_inprocess(good[:10]).kind == "user_error"
+    assert run_case_forked(good, timeout=60).kind == "ok"
+    assert run_case_forked(b"not a model", timeout=60).kind == "user_error"
+
+
+def _abort(argv):
+    os.abort()
+
+
+def _sleep(argv):
+    time.sleep(30)
+
+
+def _raise(argv):
+    raise RuntimeError("boom")
+
+
+def _internal(argv):
+    print("dlcc: internal error: something", file=sys.stderr)
+    return 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this OS")
+@pytest.mark.parametrize("main,kind", [(_abort, "crash"), (_sleep, "hang"), (_raise, "traceback"),
+                                       (_internal, "internal_error")])
+def test_forked_runner_reports_what_went_wrong(monkeypatch, main, kind):
+    """The forked child runs whatever ``dlcc.cli.main`` is: a stand-in that aborts, hangs, raises or reports
+    an internal error must come back as that outcome, and the fuzzer must live on."""
+    from dlcc import cli
+
+    monkeypatch.setattr(cli, "main", main)
+    t0 = time.monotonic()
+    out = run_case_forked(b"irrelevant", timeout=1.0)
+    assert out.kind == kind, out
+    assert time.monotonic() - t0 < 10
+    if kind == "traceback":
+        assert "RuntimeError: boom" in out.stderr
 
 
 # ------------------------------------------------------------------------------------- regression tests
