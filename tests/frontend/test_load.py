@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.helper as oh
+import onnx.parser
 import pytest
 
 import dlcc
@@ -298,3 +299,29 @@ def test_checker_still_sees_errors_next_to_big_weights() -> None:
     dup = _conv_model(oh.make_node("Relu", ["x"], ["c"]))  # 'c' defined twice
     with pytest.raises(ModelLoadError, match="not valid ONNX"):
         dlcc.load(dup.SerializeToString())
+
+
+def _with_input_dim(dim: int) -> onnx.ModelProto:
+    m = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2, 3] x) => (float[2, 3] y) { s = Shape (x)
+    y = Reshape (x, s) }""")
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = dim
+    m.graph.output[0].type.tensor_type.shape.dim[0].dim_value = dim
+    return m
+
+
+def test_minus_one_dims_are_dynamic_and_other_negatives_refused(tmp_path: Path) -> None:
+    """Mutant fuzzer, seed 0 #2478: an input declared [-1, 16] reached a shape fold, which crashed on the
+    negative dim. -1 now reads as dynamic (with a note); any other negative dim is a load error."""
+    m = _with_input_dim(-1)
+    loaded = dlcc.load(m)
+    assert loaded.graph.inputs[0].shape[0] is None or not isinstance(loaded.graph.inputs[0].shape[0], int)
+    assert any("-1 as dynamic" in n and "x[0]" in n for n in notes(loaded))
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1  # the caller's proto is untouched
+    dlcc.optimize(loaded, emit=lambda s: None)
+    out = tmp_path / "o.onnx"
+    save(loaded, out)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    assert np.array_equal(run_ort(str(out), {"x": x})["y"], x)
+    with pytest.raises(ModelLoadError, match="dim -7 at axis 0"):
+        dlcc.load(_with_input_dim(-7).SerializeToString())

@@ -66,6 +66,12 @@ def load(
     """
     proto, folder, size = _read_proto(source, base_dir)
     _check_structure(proto)
+    unknown = _negative_dims(proto, fix=False)
+    if unknown:
+        if isinstance(source, onnx.ModelProto):  # never edit the caller's proto: edit a copy
+            proto = onnx.ModelProto()
+            proto.CopyFrom(source)
+        _negative_dims(proto, fix=True)
     _check_external_data(proto, folder)
     _check_tensor_data(proto)
     _check_domains(proto)
@@ -86,10 +92,34 @@ def load(
     if folder is not None:
         ir.external_data.set_base_dir(model.graph, str(folder))
     model.meta["dlcc.notes"] = []
+    if unknown:
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        notes(model).append(f"treated dim -1 as dynamic (unknown) in {shown}")
     model.meta["dlcc.ir_version_in"] = proto.ir_version
     model.meta["dlcc.source"] = str(source) if isinstance(source, str | os.PathLike) else "<memory>"
     _normalize_initializer_inputs(model, keep_initializer_inputs)
     return model
+
+
+def _negative_dims(proto: onnx.ModelProto, *, fix: bool) -> list[str]:
+    """Make every -1 dim of a declared type (graph inputs, outputs, value_info) unknown; returns
+    ``name[axis]`` for each (``fix=False``: only find them). ONNX dims are non-negative; -1 is some exporters' way of saying "dynamic", and
+    taken literally it breaks every shape computation. Any other negative dim is refused."""
+    found = []
+    for g in _all_graphs(proto):
+        for vi in (*g.input, *g.output, *g.value_info):
+            if not vi.type.HasField("tensor_type"):
+                continue
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    if d.dim_value != -1:
+                        raise ModelLoadError(
+                            f"'{vi.name}' is declared with dim {d.dim_value} at axis {axis}; dims must be >= 0 "
+                            "(or -1, which dlcc reads as dynamic)", hint="fix or re-export the model")
+                    found.append(f"{vi.name}[{axis}]")
+                    if fix:
+                        d.ClearField("dim_value")
+    return found
 
 
 def _check_text(model: ir.Model) -> None:
