@@ -56,6 +56,9 @@ class Rule:
     exact: bool = True  # False: reassociates or otherwise changes floating-point results
     min_opset: int = 1
     domain: str = ""  # the root's domain ("" is the default ONNX domain, also spelled "ai.onnx")
+    # a promise of the pattern, used to skip it cheaply: it only matches when some input of the root is
+    # produced by a default-domain node of one of these op types (empty: no such promise)
+    input_ops: frozenset[str] = frozenset()
 
 
 class Builder:
@@ -180,7 +183,13 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                     continue
                 domain = "" if node.domain == "ai.onnx" else node.domain
                 candidates = []
+                feeding = None  # op types of the default-domain producers of the node's inputs
                 for rule in by_op.get((domain, node.op_type), ()):
+                    if rule.input_ops:
+                        if feeding is None:
+                            feeding = _feeding_ops(node)
+                        if feeding.isdisjoint(rule.input_ops):
+                            continue
                     m = rule.pattern(node)
                     if m is None:
                         continue
@@ -218,6 +227,15 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                 raise PassError(f"rewrite rules did not reach a fixpoint in {max_sweeps} sweeps; still "
                                 f"firing: {', '.join(sorted(fired_now))} (a dlcc bug: the rule set cycles)")
     return changed
+
+
+def _feeding_ops(node: ir.Node) -> set[str]:
+    ops = set()
+    for v in node.inputs:
+        p = v.producer() if v is not None else None
+        if p is not None and p.domain in ("", "ai.onnx"):
+            ops.add(p.op_type)
+    return ops
 
 
 def _detach(b: Builder) -> list[list[ir.Value | None]]:

@@ -210,7 +210,8 @@ def _before_rewrite(node: ir.Node, cap: dict, b: Builder):
 
 def _before_rule(op: str, kind: str, doc: str, min_opset: int = 1) -> Rule:
     return Rule(f"comm-pointwise-before-{kind}", tuple(sorted(UNARY | BROADCASTING)), _before_pattern(op),
-                _before_check(kind), _before_rewrite, doc=doc, family=FAMILY, exact=True, min_opset=min_opset)
+                _before_check(kind), _before_rewrite, doc=doc, family=FAMILY, exact=True, min_opset=min_opset,
+                input_ops=frozenset({op}))
 
 
 # --------------------------------------------------- pointwise f after an op that selects or reduces
@@ -407,7 +408,7 @@ def _pair_rule(op: str, kind: str, roots=_PAIR_ROOTS) -> Rule:
     only = "" if roots is _PAIR_ROOTS else " (Max/Min/Pow/Mod, comparisons, logic; dist-* has the rest)"
     return Rule(f"comm-binary-of-{kind}s", roots, _pair_pattern(op), _pair_check(kind), _pair_rewrite,
                 doc=f"op({op}(a), {op}(b)) -> {op}(op(a, b)) with equal {op} parameters{only}", family=FAMILY,
-                exact=True)
+                exact=True, input_ops=frozenset({op}))
 
 
 def _concat_pair_pattern(node: ir.Node) -> dict | None:
@@ -529,7 +530,7 @@ RULES: list[Rule] = [
     _pair_rule("Gather", "gather"),
     Rule("comm-binary-of-concats", _PAIR_ROOTS, _concat_pair_pattern, _concat_pair_check, _concat_pair_rewrite,
          doc="op(Concat(a1, a2), Concat(b1, b2)) -> Concat(op(a1, b1), op(a2, b2)) for aligned pieces",
-         family=FAMILY, exact=True),
+         family=FAMILY, exact=True, input_ops=frozenset({"Concat"})),
     *[_canonical_rule(op) for op in CANONICAL],
     Rule("comm-relu-minus-relu-neg", ("Sub",), _relu_diff_pattern, _relu_diff_check,
          lambda node, m, b: [m["x"]], doc="Relu(x) - Relu(-x) -> x (a zero may change sign)",
