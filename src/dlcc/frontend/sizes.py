@@ -64,10 +64,22 @@ def value_bytes(v: ir.Value) -> tuple[int, int] | None:
 
 
 def _values(graph: ir.Graph) -> Iterator[ir.Value]:
-    yield from graph.inputs
-    yield from graph.initializers.values()
-    for node in ir.traversal.RecursiveGraphIterator(graph):
-        yield from node.outputs
+    """Inputs, initializers and node outputs of ``graph`` and its subgraphs (a plain walk: onnx_ir's
+    RecursiveGraphIterator costs more than the whole size check)."""
+    G, GS = ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield from g.inputs
+        yield from g.initializers.values()
+        for node in g:
+            yield from node.outputs
+            if node.attributes:
+                for a in node.attributes.values():
+                    if a.type == G:
+                        stack.append(a.value)
+                    elif a.type == GS:
+                        stack.extend(a.value)
 
 
 def check_tensor_sizes(model: ir.Model, *, limit: int | None = None) -> None:
@@ -79,8 +91,8 @@ def check_tensor_sizes(model: ir.Model, *, limit: int | None = None) -> None:
         shape = v.shape
         if shape is None:
             continue
-        dims = shape.dims
-        if all(type(d) is int for d in dims) and math.prod(dims) < cheap:
+        n = math.prod(shape.dims)  # a SymbolicDim (or None) when a dim is symbolic
+        if type(n) is int and n < cheap:
             continue
         sized = value_bytes(v)
         if sized is None:

@@ -30,6 +30,8 @@ import hashlib
 import struct
 from collections.abc import Hashable
 
+import numpy as np
+import onnx
 import onnx_ir as ir
 
 from dlcc.passes.manager import Pass
@@ -103,6 +105,23 @@ def node_key(node: ir.Node) -> Hashable | None:
     return (domain, node.op_type, node.overload, tuple(attrs), inputs, outputs)
 
 
+def _sample(t) -> bytes:
+    """A few hundred bytes of ``t``'s little-endian data (the same for equal tensors however stored)."""
+    proto = getattr(t, "raw", None)
+    if isinstance(proto, onnx.TensorProto) and proto.HasField("raw_data"):
+        data = proto.raw_data
+    else:
+        arr = tensor_array(t)
+        if not arr.flags.c_contiguous or arr.dtype.byteorder == ">":
+            return arr.tobytes()[:128]  # rare: the merge compares whole bytes anyway
+        data = arr.reshape(-1).view(np.uint8)
+    n = len(data)
+    if n <= 384:
+        return bytes(data)
+    mid = n // 2
+    return bytes(data[:128]) + bytes(data[mid:mid + 128]) + bytes(data[-128:])
+
+
 class CommonSubexpressionElimination(Pass):
     name = "cse"
     doc = "merge equal initializers and nodes computing the same op on the same inputs"
@@ -126,12 +145,10 @@ class CommonSubexpressionElimination(Pass):
         for group in by_type.values():
             if len(group) < 2:
                 continue
-            # a strided sample of 64 elements tells random weights apart without reading them all
+            # 128 bytes from the start, the middle and the end tell random weights apart without decoding them
             samples: dict[bytes, list[tuple[str, ir.Value]]] = {}
             for name, v in group:
-                flat = tensor_array(v.const_value).reshape(-1)
-                sample = flat[:: max(1, flat.size // 64)].tobytes()
-                samples.setdefault(sample, []).append((name, v))
+                samples.setdefault(_sample(v.const_value), []).append((name, v))
             changed |= self._merge_equal([g for g in samples.values() if len(g) > 1], graph)
         return changed
 

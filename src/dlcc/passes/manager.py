@@ -175,12 +175,14 @@ class PassManager:
 
 
 def _fingerprint(model: ir.Model) -> tuple:
-    """Identity of the graph's structure: nodes, their inputs and outputs, initializers and opsets."""
+    """Identity of the graph's structure: the nodes and the values each reads, the initializers, the graph
+    outputs and the opsets. Nodes and values compare by identity, and a node's inputs are an immutable
+    tuple that every rewiring replaces, so the fingerprint holds them as they are (no copies)."""
     g = model.graph
     return (
-        tuple((id(n), n.name, tuple(map(id, n.inputs)), tuple(o.name for o in n.outputs)) for n in g),
-        tuple(map(id, g.initializers.values())),
-        tuple(map(id, g.outputs)),
+        tuple((n, n.inputs) for n in g),
+        tuple(g.initializers.values()),
+        tuple(g.outputs),
         tuple(sorted(model.opset_imports.items())),
     )
 
