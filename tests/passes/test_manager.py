@@ -28,7 +28,7 @@ def _model() -> ir.Model:
 
 
 class Counting(Pass):
-    """changes the model (renames a node) the first ``n`` times it runs"""
+    """changes the model (adds an unused Identity of the input) the first ``n`` times it runs"""
 
     name = "counting"
 
@@ -40,8 +40,24 @@ class Counting(Pass):
         if self.left <= 0:
             return False
         self.left -= 1
-        model.graph.node(0).name = f"renamed{self.left}"
-        self.fired["rename"] += 1
+        g = model.graph
+        g.append(ir.Node("", "Identity", [g.inputs[0]], name=f"added{self.left}"))
+        self.fired["add"] += 1
+        return True
+
+
+class Renaming(Pass):
+    """renames the first node every time it runs (metadata: enables no rewrite)"""
+
+    name = "renaming"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def run(self, model: ir.Model) -> bool:
+        self.n += 1
+        model.graph.node(0).name = f"renamed{self.n}"
         return True
 
 
@@ -60,21 +76,21 @@ class Breaker(Pass):
 
 def test_runs_to_fixpoint_and_counts() -> None:
     model = _model()
-    report = PassManager([Counting(3), DeadCodeElimination()], level=1).run(model)
-    # round 1: both change; round 2: counting runs again (dead-code changed the graph after it), dead-code
-    # runs (counting renamed a node after it) and finds nothing; round 3: nothing changed since either
-    # pass last ran, so both are skipped (passes are idempotent) and the fixpoint is reached
+    report = PassManager([Counting(2), DeadCodeElimination()], level=1).run(model)
+    # rounds 1 and 2: counting adds a dead node, dead-code removes it (and, in round 1, the model's own);
+    # round 3: counting runs (dead-code changed the graph after it) and finds nothing; dead-code is skipped:
+    # nothing changed since its last run (passes are idempotent), and the fixpoint is reached
     assert report.rounds == 3
-    assert report.records["counting"].runs == 2 and report.records["counting"].changed == 2
-    assert report.records["counting"].fired["rename"] == 2
+    assert report.records["counting"].runs == 3 and report.records["counting"].changed == 2
+    assert report.records["counting"].fired["add"] == 2
     assert report.records["dead-code"].runs == 2
-    assert report.records["dead-code"].fired["unused-node"] == 1
+    assert report.records["dead-code"].fired["unused-node"] == 3
     assert report.nodes_before == 3 and report.nodes_after == 2
     assert all(r.seconds >= 0 for r in report.records.values())
 
 
 class Naming(Pass):
-    """sets the first node's name; two of these with different names undo each other forever"""
+    """"a" adds an unused node and "b" removes it: together they undo each other forever"""
 
     def __init__(self, label: str) -> None:
         super().__init__()
@@ -82,11 +98,16 @@ class Naming(Pass):
         self.label = label
 
     def run(self, model: ir.Model) -> bool:
-        node = model.graph.node(0)
-        if node.name == self.label:
-            return False
-        node.name = self.label
-        return True
+        g = model.graph
+        extra = [n for n in g if n.name.startswith("extra-")]
+        if self.label == "a":  # a adds an unused node, b removes it: the two never agree
+            if extra:
+                return False
+            g.append(ir.Node("", "Identity", [g.inputs[0]], name="extra-a"))
+            return True
+        for n in extra:
+            g.remove(n, safe=True)
+        return bool(extra)
 
 
 def test_non_converging_pipeline_fails_loudly() -> None:
@@ -141,3 +162,12 @@ def test_dead_code_is_idempotent_and_keeps_inputs() -> None:
     assert p(model) is True
     assert p(model) is False
     assert [v.name for v in model.graph.inputs] == ["x"]
+
+
+def test_metadata_changes_do_not_rerun_passes() -> None:
+    """Node names and other metadata enable no rewrite: a pass that only renames does not make the others
+    run again (the fingerprint is the wiring: nodes, the values they read, initializers, outputs)."""
+    model = _model()
+    report = PassManager([DeadCodeElimination(), Renaming()], level=1).run(model)
+    assert report.records["dead-code"].runs == 1
+    assert report.rounds == 2  # round 2: the wiring is as both passes last saw it: both skipped, stop
