@@ -62,3 +62,12 @@ def cli(capsys):
         return code, out.out, out.err
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _check_rule_promises(monkeypatch):
+    """Every test that runs the rewrite driver also checks each rule's ``input_ops`` promise: the driver
+    evaluates every pattern and fails on a match the promise would have skipped."""
+    import dlcc.passes.rewrite
+
+    monkeypatch.setattr(dlcc.passes.rewrite, "CHECK_PROMISES", True)

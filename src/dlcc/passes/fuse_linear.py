@@ -286,7 +286,8 @@ def _linear_rule(name: str, roots: tuple[str, ...], producers: tuple[str, ...], 
         s, t = m["st"]
         return _outputs(node, _fold(m["lin"], s, t, node, b))
 
-    return Rule(name, roots, pattern, check, rewrite, doc=doc, family="fuse-linear", exact=False)
+    return Rule(name, roots, pattern, check, rewrite, doc=doc, family="fuse-linear", exact=False,
+                input_ops=frozenset(producers))
 
 
 # ----------------------------------------------------------------------------- BatchNormalization alone

@@ -138,7 +138,8 @@ def chain_rule(name: str, outer: str, outer_form: str, inner: str, inner_form: s
         ins = [m["x"], c] if new_form == "XC" else [c, m["x"]]
         return [b.op(new_op, ins)]
 
-    return Rule(name, (outer,), pattern, check, rewrite, doc=doc, family=FAM, exact=exact)
+    return Rule(name, (outer,), pattern, check, rewrite, doc=doc, family=FAM, exact=exact,
+                input_ops=frozenset({inner} if isinstance(inner, str) else inner))
 
 
 CHAIN_RULES = [

@@ -105,7 +105,7 @@ def _common_rule(name: str, root: str, inner: str, shared_pos: int | None, doc: 
         ins = [m["x"], ab] if shared_pos in (None, 0) else [ab, m["x"]]
         return [b.op(inner, ins)]
 
-    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False)
+    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False, input_ops=frozenset({inner}))
 
 
 def _self_rule(name: str, root: str, mul_pos: int, doc: str, combine: Callable) -> Rule:
@@ -141,7 +141,7 @@ def _self_rule(name: str, root: str, mul_pos: int, doc: str, combine: Callable) 
     def rewrite(node: ir.Node, m: dict, b: Builder):
         return [b.op("Mul", [m["x"], b.const(m["c"], "factor")])]
 
-    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False)
+    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False, input_ops=frozenset({"Mul"}))
 
 
 COMMON_RULES = [
@@ -218,7 +218,7 @@ def _conv_rule(name: str, root: str, doc: str) -> Rule:
             ins.append(b.const(m["bias"], "bias"))
         return [b.op("Conv", ins, dict(m["p"].attributes))]
 
-    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False)
+    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False, input_ops=frozenset({"Conv"}))
 
 
 def _same_const(a: ir.Value, b: ir.Value) -> bool:
@@ -292,7 +292,8 @@ def _matmul_rule(name: str, root: str, shared: int, doc: str) -> Rule:
         ab = _value_or_fold(b, root, m["a"], m["b"], _NP[root])
         return [b.op("MatMul", [m["x"], ab] if shared == 0 else [ab, m["x"]])]
 
-    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False)
+    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=False,
+                input_ops=frozenset({"MatMul"}))
 
 
 def _gemm_pattern(node: ir.Node) -> dict | None:
@@ -377,16 +378,18 @@ LINEAR_RULES = [
     _conv_rule("dist-conv-add", "Add", "Conv(x, W1, b1) + Conv(x, W2, b2) -> Conv(x, W1+W2, b1+b2)"),
     _conv_rule("dist-conv-sub", "Sub", "Conv(x, W1, b1) - Conv(x, W2, b2) -> Conv(x, W1-W2, b1-b2)"),
     Rule("dist-conv-add-shared-weight", ("Add",), _conv_shared_pattern, _conv_shared_check, _conv_shared_rewrite,
-         doc="Conv(x, W, b1) + Conv(y, W, b2) -> Conv(x+y, W, b1+b2)", family=FAM, exact=False),
+         doc="Conv(x, W, b1) + Conv(y, W, b2) -> Conv(x+y, W, b1+b2)", family=FAM, exact=False,
+         input_ops=frozenset({"Conv"})),
     _matmul_rule("dist-matmul-add-left", "Add", 0, "MatMul(x, A) + MatMul(x, B) -> MatMul(x, A+B)"),
     _matmul_rule("dist-matmul-sub-left", "Sub", 0, "MatMul(x, A) - MatMul(x, B) -> MatMul(x, A-B)"),
     _matmul_rule("dist-matmul-add-right", "Add", 1, "MatMul(x, A) + MatMul(y, A) -> MatMul(x+y, A)"),
     _matmul_rule("dist-matmul-sub-right", "Sub", 1, "MatMul(x, A) - MatMul(y, A) -> MatMul(x-y, A)"),
     Rule("dist-gemm-add", ("Add",), _gemm_pattern, _gemm_check, _gemm_rewrite,
-         doc="Gemm(x, A, c1) + Gemm(x, B, c2) -> Gemm(x, a1 A + a2 B, b1 c1 + b2 c2)", family=FAM, exact=False),
+         doc="Gemm(x, A, c1) + Gemm(x, B, c2) -> Gemm(x, a1 A + a2 B, b1 c1 + b2 c2)", family=FAM, exact=False,
+         input_ops=frozenset({"Gemm"})),
     Rule("dist-concat-matmul", ("Concat",), _concat_matmul_pattern, _concat_matmul_check, _concat_matmul_rewrite,
          doc="Concat(MatMul(x, A), MatMul(x, B); last axis) -> MatMul(x, Concat(A, B))", family=FAM,
-         exact=False),
+         exact=False, input_ops=frozenset({"MatMul"})),
 ]
 
 # ------------------------------------------------------------------------------------------ reductions
@@ -428,7 +431,8 @@ def _reduce_rule(name: str, reduce: str, inner: str, doc: str, *, exact: bool, p
         c = b.const(np.asarray(const_array(m["cv"])).reshape(()), "scale")
         return [b.op(inner, [r, c])]
 
-    return Rule(name, (reduce,), pattern, check, rewrite, doc=doc, family=FAM, exact=exact)
+    return Rule(name, (reduce,), pattern, check, rewrite, doc=doc, family=FAM, exact=exact,
+                input_ops=frozenset({inner}))
 
 
 REDUCE_RULES = [
@@ -481,9 +485,10 @@ def _neg_sub_check(node: ir.Node, m: dict) -> str | None:
 SIGN_RULES = [
     Rule("dist-neg-add-const", ("Neg",), _neg_add_pattern, _neg_add_check,
          lambda n, m, b: [b.op("Sub", [b.const(np.negative(m["c"]), "neg"), m["x"]])],
-         doc="Neg(x + c) -> (-c) - x", family=FAM, exact=True),
+         doc="Neg(x + c) -> (-c) - x", family=FAM, exact=True, input_ops=frozenset({"Add"})),
     Rule("dist-neg-sub", ("Neg",), _neg_sub_pattern, _neg_sub_check,
-         lambda n, m, b: [b.op("Sub", [m["b"], m["a"]])], doc="Neg(a - b) -> b - a", family=FAM, exact=True),
+         lambda n, m, b: [b.op("Sub", [m["b"], m["a"]])], doc="Neg(a - b) -> b - a", family=FAM, exact=True,
+         input_ops=frozenset({"Sub"})),
 ]
 
 # ---------------------------------------------------------------------------------- scalars that fold
@@ -569,13 +574,13 @@ def _affine_rewrite(node: ir.Node, m: dict, b: Builder):
 FOLD_RULES = [
     Rule("dist-relu-mul-pos", ("Mul",), _relu_mul_pattern, _relu_mul_check, _relu_mul_rewrite,
          doc="Relu(x)*c -> Relu(x*c) for scalar c > 0 when x*c folds into x's producer", family=FAM,
-         exact=False),
+         exact=False, input_ops=frozenset({"Relu"})),
     Rule("dist-affine-add-mul-add", ("Add",), _affine_pattern("Add", "Mul", "Add"),
          _affine_check(lambda c, k, d: k, lambda c, k, d: c * k + d), _affine_rewrite,
-         doc="((x+c)*k)+d -> x*k + (c*k+d)", family=FAM, exact=False),
+         doc="((x+c)*k)+d -> x*k + (c*k+d)", family=FAM, exact=False, input_ops=frozenset({"Mul"})),
     Rule("dist-affine-mul-add-mul", ("Mul",), _affine_pattern("Mul", "Add", "Mul"),
          _affine_check(lambda c, k, d: c * d, lambda c, k, d: k * d), _affine_rewrite,
-         doc="(x*c + k)*d -> x*(c*d) + k*d", family=FAM, exact=False),
+         doc="(x*c + k)*d -> x*(c*d) + k*d", family=FAM, exact=False, input_ops=frozenset({"Add"})),
 ]
 
 # --------------------------------------------------------------------------------- across layout ops
@@ -607,7 +612,7 @@ def _layout_rule(name: str, root: str, layout: str, doc: str) -> Rule:
         y = b.op(root, [p.inputs[0], q.inputs[0]])
         return [b.op(layout, [y, *p.inputs[1:]], dict(p.attributes))]
 
-    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=True)
+    return Rule(name, (root,), pattern, check, rewrite, doc=doc, family=FAM, exact=True, input_ops=frozenset({layout}))
 
 
 def _concat_scalar_rule(name: str, op: str, doc: str) -> Rule:
@@ -643,7 +648,7 @@ def _concat_scalar_rule(name: str, op: str, doc: str) -> Rule:
         cat = b.op("Concat", m["xs"], dict(node.attributes))
         return [b.op(op, [cat, b.const(m["cs"][0].reshape(()), "scalar")])]
 
-    return Rule(name, ("Concat",), pattern, check, rewrite, doc=doc, family=FAM, exact=True)
+    return Rule(name, ("Concat",), pattern, check, rewrite, doc=doc, family=FAM, exact=True, input_ops=frozenset({op}))
 
 
 LAYOUT_RULES = [
