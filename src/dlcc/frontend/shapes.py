@@ -145,10 +145,14 @@ def refresh_shapes(model: ir.Model) -> bool:
     unknown or symbolic (rewrites keep the shapes of the values they keep, and give new values theirs).
     Returns whether anything may have changed (a value filled, or inference run)."""
     filled = complete_shapes(model.graph)
-    if not all(o.shape is not None and o.dtype is not None and all(isinstance(d, int) for d in o.shape)
-               for node in model.graph for o in node.outputs):
-        infer_shapes(model, strict=False)
-        return True
+    for node in model.graph:
+        for o in node.outputs:
+            if o.shape is not None and o.dtype is not None and all(isinstance(d, int) for d in o.shape):
+                continue
+            if not o.uses() and not o.is_graph_output():
+                continue  # an output nothing reads (Dropout's mask): inference may leave it unknown
+            infer_shapes(model, strict=False)
+            return True
     return filled > 0
 
 

@@ -165,7 +165,9 @@ class _TooBig(Exception):
 
 
 def _all_static(graph: ir.Graph) -> bool:
-    return all(o.shape is not None and all(isinstance(d, int) for d in o.shape)
+    """Every output that something reads has a static shape (an unread one, such as Dropout's mask, may
+    stay unknown: no fold depends on it)."""
+    return all((o.shape is not None and all(isinstance(d, int) for d in o.shape)) or not _needed(o)
                for node in graph for o in node.outputs)
 
 
