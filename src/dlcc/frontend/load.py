@@ -479,26 +479,35 @@ def _weightless(proto: onnx.ModelProto, walk: _Walk) -> onnx.ModelProto | None:
     g = proto.graph
     if len(walk.graphs) > 1 or proto.functions:
         return None
-    big = [i for i, t in enumerate(g.initializer) if t.data_type in _FLOATS and t.HasField("raw_data")
-           and len(t.raw_data) >= _WEIGHTLESS_MIN_BYTES]
+    # raw_data already matches dims x itemsize (``_check_tensor_data``): size it without copying the bytes
+    big = {i for i, t in enumerate(g.initializer) if t.data_type in _FLOATS and t.HasField("raw_data")
+           and math.prod(t.dims) * _ITEMSIZE[t.data_type] >= _WEIGHTLESS_MIN_BYTES}
     if not big:
         return None
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    cg = copy.graph
+    copy = _copy_fields(proto, onnx.ModelProto(), skip="graph")
+    cg = _copy_fields(g, copy.graph, skip="initializer")
+    cg.initializer.extend(t for i, t in enumerate(g.initializer) if i not in big)
     inputs = {i.name for i in cg.input}
-    drop = set(big)
-    keep = [t for i, t in enumerate(cg.initializer) if i not in drop]
-    for i in big:
-        t = cg.initializer[i]
+    for i in sorted(big):
+        t = g.initializer[i]
         if t.name not in inputs:
             inputs.add(t.name)
             cg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    small = onnx.GraphProto()
-    small.initializer.extend(keep)
-    del cg.initializer[:]
-    cg.initializer.extend(small.initializer)
     return copy
+
+
+def _copy_fields(src, dst, *, skip: str):
+    """``dst`` with every field of ``src`` but ``skip`` copied in (the weights are never copied)."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+    return dst
 
 
 def _take_shapes(proto: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
