@@ -36,6 +36,9 @@ class PipelineOptions:
 PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
     # constants first: every later rule sees folded initializers and static shape arithmetic
     (1, lambda o: ConstantFolding()),
+    # level 2: exact algebra on constant weights (reassociates floating point). Early: its rewrites (a new
+    # Conv per BatchNormalization) would otherwise make every pass before it run a second round
+    (2, lambda o: LinearFusion()),
     # ops that mean nothing, then chains and inverse pairs that cancel
     (1, lambda o: NoOpElimination()),
     (1, lambda o: ReshapeChains()),
@@ -44,8 +47,7 @@ PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
     (1, lambda o: CommonSubexpressionElimination()),
     # algebra: the rule that saves most wins; rules that reassociate floating point only from level 2
     (1, lambda o: AlgebraicSimplification(exact_only=o.level < 2)),
-    # level 2: exact algebra on constant weights (reassociates floating point), then idioms
-    (2, lambda o: LinearFusion()),
+    # level 2: idioms (LayerNormalization, GELU...) once algebra has put them in canonical form
     (2, lambda o: PatternFusion()),
     # move Slice/Gather up and Transpose/Reshape down so inverse pairs meet in the next round
     (2, lambda o: Hoisting()),
