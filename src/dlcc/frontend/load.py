@@ -89,9 +89,14 @@ def load(
             _run_checker(skeleton, False)
             _take_shapes(proto, _infer_small(skeleton, False))
     stripped = 0
-    if not keep_initializer_inputs and proto is not source:  # cheaper before deserialization than after
-        stripped = _strip_initializer_inputs(proto)
+    lean_shapes = None
+    if proto is not source:  # ours to edit: cheaper before deserialization than after
+        if not keep_initializer_inputs:
+            stripped = _strip_initializer_inputs(proto)
+        lean_shapes = _take_value_info(proto)
     model = ir.serde.deserialize_model(proto)
+    if lean_shapes:
+        _apply_value_info(model.graph, lean_shapes)
     _check_text(model)
     if not small:
         _run_checker(model)
@@ -556,6 +561,45 @@ def _run_checker(model: onnx.ModelProto | ir.Model, external: bool | None = None
 
 
 # --------------------------------------------------------------------------------------- normalization
+
+
+def _take_value_info(proto: onnx.ModelProto) -> list[tuple[str, int, list]] | None:
+    """The main graph's value_info as (name, elem_type, dims) when every entry is a plain tensor type
+    (no doc string or metadata), removed from the proto; else None and the proto is left as it is.
+    Setting these on the IR ourselves costs a third of onnx_ir's general value_info deserialization."""
+    out = []
+    for vi in proto.graph.value_info:
+        t = vi.type
+        if not t.HasField("tensor_type") or t.denotation or vi.doc_string or vi.metadata_props:
+            return None
+        tt = t.tensor_type
+        if not tt.HasField("shape"):
+            dims = None
+        else:
+            dims = []
+            for d in tt.shape.dim:
+                if d.denotation:
+                    return None
+                dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+        out.append((vi.name, tt.elem_type, dims))
+    if out:
+        del proto.graph.value_info[:]
+    return out
+
+
+def _apply_value_info(graph: ir.Graph, shapes: list[tuple[str, int, list]]) -> None:
+    values = {v.name: v for v in graph.inputs}
+    for node in graph:
+        for o in node.outputs:
+            values[o.name] = o
+    for name, elem, dims in shapes:
+        v = values.get(name)
+        if v is None:
+            continue
+        if elem and v.dtype is None:
+            v.dtype = ir.DataType(elem)
+        if dims is not None and v.shape is None:
+            v.shape = ir.Shape(dims)
 
 
 def _strip_initializer_inputs(proto: onnx.ModelProto) -> int:
