@@ -665,6 +665,9 @@ def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None
         raise OutputError(f"output file '{path}' is not writable", hint="choose another output path")
     if external_data is None:
         external_data = tensor_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    if not external_data:
+        _save_one_file(model, path, folder)
+        return path
     data_name = path.name + ".data"
     try:
         tmpdir = Path(tempfile.mkdtemp(prefix=".dlcc-tmp-", dir=folder))
@@ -686,6 +689,33 @@ def save(model: ir.Model, path: str | os.PathLike, *, external_data: bool | None
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return path
+
+
+def _save_one_file(model: ir.Model, path: Path, folder: Path) -> None:
+    """The inline case of ``save``: a temporary file next to ``path`` (created exclusively, with the
+    permissions a new file gets), renamed over ``path`` once complete, removed on any failure."""
+    for _ in range(100):
+        tmp = folder / f".dlcc-tmp-{os.urandom(6).hex()}-{path.name}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise OutputError(f"cannot write into '{folder}': {e.strerror}",
+                              hint="choose another output path") from None
+    else:
+        raise OutputError(f"cannot create a temporary file in '{folder}'", hint="choose another output path")
+    try:
+        try:
+            _save_inline(model, tmp)
+        except OSError as e:
+            raise OutputError(f"cannot write '{path}': {e.strerror}", hint="check free disk space") from None
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # numpy dtypes whose in-memory bytes are ONNX's raw_data as they are (little-endian, one element each)
