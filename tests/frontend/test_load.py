@@ -325,3 +325,21 @@ def test_minus_one_dims_are_dynamic_and_other_negatives_refused(tmp_path: Path) 
     assert np.array_equal(run_ort(str(out), {"x": x})["y"], x)
     with pytest.raises(ModelLoadError, match="dim -7 at axis 0"):
         dlcc.load(_with_input_dim(-7).SerializeToString())
+
+
+def test_saved_loaded_initializers_equal_serialized_model(tmp_path: Path) -> None:
+    """Small initializers that were loaded and not changed are written as their own proto bytes; the file
+    still parses to what serialize_model gives (names, dims, dtypes, data)."""
+    import onnx_ir as ir
+
+    m = _conv_model()
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.float32([1.5, -2.0]), "tiny"))
+    m.graph.node.append(oh.make_node("Identity", ["tiny"], ["t_out"]))
+    m.graph.output.append(oh.make_tensor_value_info("t_out", onnx.TensorProto.FLOAT, [2]))
+    loaded = dlcc.load(m.SerializeToString())
+    out = tmp_path / "o.onnx"
+    save(loaded, out)
+    got, ref = onnx.load(out), ir.serde.serialize_model(loaded)
+    for p in (got, ref):
+        del p.graph.value_info[:]
+    assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)

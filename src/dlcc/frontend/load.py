@@ -753,9 +753,7 @@ def _save_inline(model: ir.Model, path: Path) -> None:
     for v in order:
         t = v.const_value
         if not _streamable(v):
-            small = ir.serde.serialize_tensor(t)
-            small.name = v.name
-            body = small.SerializeToString()
+            body = _small_tensor_bytes(v)
             entries.append((_tag(5) + _varint(len(body)) + body, np.empty(0, np.uint8)))
             continue
         header = onnx.TensorProto(name=v.name, dims=list(t.shape), data_type=int(t.dtype)).SerializeToString()
@@ -771,6 +769,24 @@ def _save_inline(model: ir.Model, path: Path) -> None:
         for head, data in entries:
             f.write(head)
             f.write(memoryview(data))
+
+
+def _small_tensor_bytes(v: ir.Value) -> bytes:
+    """The serialized TensorProto of a small initializer: the loaded proto itself when it is unchanged
+    (protobuf's C serializer, not onnx_ir's Python one), raw bytes for a folded numpy tensor."""
+    t = v.const_value
+    raw = getattr(t, "raw", None)
+    if isinstance(raw, onnx.TensorProto) and raw.name == v.name and raw.data_location != onnx.TensorProto.EXTERNAL:
+        return raw.SerializeToString()
+    if type(t) is ir.Tensor and t.dtype in _STREAMABLE and sys.byteorder == "little" and v.name is not None:
+        data = np.ascontiguousarray(t.numpy()).tobytes()
+        proto = onnx.TensorProto(name=v.name, dims=list(t.shape), data_type=int(t.dtype), raw_data=data)
+        if t.doc_string:
+            proto.doc_string = t.doc_string
+        return proto.SerializeToString()
+    small = ir.serde.serialize_tensor(t)
+    small.name = v.name
+    return small.SerializeToString()
 
 
 def _streamable(v: ir.Value) -> bool:
