@@ -343,3 +343,17 @@ def test_saved_loaded_initializers_equal_serialized_model(tmp_path: Path) -> Non
     for p in (got, ref):
         del p.graph.value_info[:]
     assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize("everywhere", [True, False])
+def test_big_weight_named_in_bad_utf8_is_a_load_error(everywhere) -> None:
+    """Mutant fuzzer, seed 1 #9541: a flipped byte in a big weight's name crashed the weightless checker
+    copy (the name went through a Python string). Now it is a load error like any other bad name."""
+    m = _conv_model()
+    m.graph.initializer[0].name = "weightzz"
+    m.graph.node[0].input[1] = "weightzz"
+    data = m.SerializeToString()
+    bad = b"weig\xdftzz"  # same length: one byte flipped
+    data = data.replace(b"weightzz", bad) if everywhere else data.replace(b"weightzz", bad, 1)
+    with pytest.raises(ModelLoadError):
+        dlcc.load(data)

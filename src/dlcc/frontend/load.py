@@ -94,7 +94,13 @@ def load(
         if not keep_initializer_inputs:
             stripped = _strip_initializer_inputs(proto)
         lean_shapes = _take_value_info(proto)
-    model = ir.serde.deserialize_model(proto)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception:
+        if _has_bytes_names(walk if proto is walk.proto else _Walk(proto)):
+            raise ModelLoadError("the model is corrupted: a value or node name is not valid UTF-8 text",
+                                 hint="re-export the model") from None
+        raise
     if lean_shapes:
         _apply_value_info(model.graph, lean_shapes)
     _check_text(model)
@@ -132,6 +138,20 @@ def _negative_dims(walk: _Walk, *, fix: bool) -> list[str]:
                     if fix:
                         d.ClearField("dim_value")
     return found
+
+
+def _has_bytes_names(walk: _Walk) -> bool:
+    """Does some name in the proto fail to decode as UTF-8 (protobuf then hands it over as bytes)?"""
+    def bad(x) -> bool:
+        return isinstance(x, bytes | bytearray)
+
+    for g in walk.graphs:
+        if bad(g.name) or any(bad(v.name) for v in (*g.input, *g.output, *g.value_info, *g.initializer)):
+            return True
+        for n in g.node:
+            if bad(n.name) or bad(n.op_type) or bad(n.domain) or any(bad(x) for x in (*n.input, *n.output)):
+                return True
+    return False
 
 
 def _check_text(model: ir.Model) -> None:
@@ -250,6 +270,7 @@ class _Walk:
     200-node model)."""
 
     def __init__(self, proto: onnx.ModelProto) -> None:
+        self.proto = proto
         self.graphs: list[onnx.GraphProto] = []
         self.tensors: list[onnx.TensorProto] = []
         G, GS, T, TS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSOR,
@@ -495,6 +516,8 @@ def _weightless(proto: onnx.ModelProto, walk: _Walk) -> onnx.ModelProto | None:
     inputs = {i.name for i in cg.input}
     for i in sorted(big):
         t = g.initializer[i]
+        if not isinstance(t.name, str):  # not UTF-8 (a corrupted file): _check_text reports it after parsing
+            return None
         if t.name not in inputs:
             inputs.add(t.name)
             cg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
