@@ -357,3 +357,19 @@ def test_big_weight_named_in_bad_utf8_is_a_load_error(everywhere) -> None:
     data = data.replace(b"weightzz", bad) if everywhere else data.replace(b"weightzz", bad, 1)
     with pytest.raises(ModelLoadError):
         dlcc.load(data)
+
+
+@pytest.mark.parametrize("where", ["value_info", "output"])
+def test_unknown_element_type_is_a_load_error(where) -> None:
+    """Mutant fuzzer, seed 2 #9386: a flipped byte made an element type 65, which onnx's checker lets
+    through and onnx_ir cannot read. It is a load error naming the problem, not an internal error."""
+    m = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) { h = Relu(x)
+    y = Neg(h) }""")
+    if where == "value_info":
+        m.graph.value_info.append(oh.make_tensor_value_info("h", onnx.TensorProto.FLOAT, [2]))
+        m.graph.value_info[0].type.tensor_type.elem_type = 65
+    else:
+        m.graph.output[0].type.tensor_type.elem_type = 65
+    with pytest.raises(ModelLoadError, match="corrupted|not valid ONNX"):
+        dlcc.load(m.SerializeToString())

@@ -96,11 +96,16 @@ def load(
         lean_shapes = _take_value_info(proto)
     try:
         model = ir.serde.deserialize_model(proto)
-    except Exception:
+    except Exception as e:  # the checker passed: what onnx_ir cannot read is corrupt content
         if _has_bytes_names(walk if proto is walk.proto else _Walk(proto)):
             raise ModelLoadError("the model is corrupted: a value or node name is not valid UTF-8 text",
                                  hint="re-export the model") from None
-        raise
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
+        raise ModelLoadError(f"the model is corrupted: {first} (in {e})",
+                             hint="re-export the model") from None
     if lean_shapes:
         _apply_value_info(model.graph, lean_shapes)
     _check_text(model)
@@ -620,7 +625,11 @@ def _apply_value_info(graph: ir.Graph, shapes: list[tuple[str, int, list]]) -> N
         if v is None:
             continue
         if elem and v.dtype is None:
-            v.dtype = ir.DataType(elem)
+            try:
+                v.dtype = ir.DataType(elem)
+            except ValueError:
+                raise ModelLoadError(f"the model is corrupted: '{name}' is declared with element type {elem}, "
+                                     "which ONNX does not define", hint="re-export the model") from None
         if dims is not None and v.shape is None:
             v.shape = ir.Shape(dims)
 
