@@ -373,3 +373,13 @@ def test_unknown_element_type_is_a_load_error(where) -> None:
         m.graph.output[0].type.tensor_type.elem_type = 65
     with pytest.raises(ModelLoadError, match="corrupted|not valid ONNX"):
         dlcc.load(m.SerializeToString())
+
+
+def test_graph_name_in_bad_utf8_next_to_big_weights_is_a_load_error() -> None:
+    """Mutant fuzzer, seed 3 #3394: the weightless checker copy tripped over a graph name that is not
+    UTF-8 (the model has big weights, so the copy is made). It is the usual load error."""
+    m = _conv_model()
+    m.graph.name = "graphnamezz"
+    data = m.SerializeToString().replace(b"graphnamezz", b"grap\xf1namezz")
+    with pytest.raises(ModelLoadError, match="not valid UTF-8"):
+        dlcc.load(data)

@@ -81,7 +81,12 @@ def load(
     small = size < CHECK_PROTO_BYTES
     if small:
         external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in walk.tensors)
-        skeleton = _weightless(proto, walk) if not isinstance(source, onnx.ModelProto) and not external else None
+        skeleton = None
+        if not isinstance(source, onnx.ModelProto) and not external:
+            try:
+                skeleton = _weightless(proto, walk)
+            except (UnicodeError, ValueError, TypeError):  # text that is not UTF-8: reported after parsing
+                skeleton = None
         if skeleton is None:
             _run_checker(proto, external)
             proto = _infer_small(proto, external)
@@ -521,8 +526,6 @@ def _weightless(proto: onnx.ModelProto, walk: _Walk) -> onnx.ModelProto | None:
     inputs = {i.name for i in cg.input}
     for i in sorted(big):
         t = g.initializer[i]
-        if not isinstance(t.name, str):  # not UTF-8 (a corrupted file): _check_text reports it after parsing
-            return None
         if t.name not in inputs:
             inputs.add(t.name)
             cg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
