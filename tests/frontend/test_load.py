@@ -383,3 +383,12 @@ def test_graph_name_in_bad_utf8_next_to_big_weights_is_a_load_error() -> None:
     data = m.SerializeToString().replace(b"graphnamezz", b"grap\xf1namezz")
     with pytest.raises(ModelLoadError, match="not valid UTF-8"):
         dlcc.load(data)
+
+
+def test_initializer_of_undefined_type_next_to_its_input_is_a_load_error() -> None:
+    """Mutant fuzzer, seed 5 #2063: an initializer's data type flipped to 0 (undefined) next to a graph
+    input that declares it; building the error message itself failed. It names the type as undefined."""
+    m = _conv_model(legacy=True)
+    m.graph.initializer[1].data_type = 0
+    with pytest.raises(ModelLoadError, match=r"undefined \(0\)"):
+        dlcc.load(m.SerializeToString())

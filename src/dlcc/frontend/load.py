@@ -330,6 +330,14 @@ _ITEMSIZE = {TP: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(TP)).itemsize for
     onnx.TensorProto.BOOL, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128)}
 
 
+def _dtype_name(elem: int) -> str:
+    """The ONNX name of an element type, or a description of a number ONNX does not define."""
+    try:
+        return onnx.helper.tensor_dtype_to_string(elem)
+    except (KeyError, ValueError):
+        return f"undefined ({elem})"
+
+
 def _check_tensor_data(walk: _Walk) -> None:
     """Every stored tensor's dims are non-negative and its inline data holds exactly that many elements
     (onnx's checker lets a mismatch through, and reading such a tensor fails deep inside a pass)."""
@@ -347,8 +355,8 @@ def _check_tensor_data(walk: _Walk) -> None:
             if (tt.elem_type and tt.elem_type != t.data_type) or (shape_differs and tt.HasField("shape")):
                 raise ModelLoadError(
                     f"graph input '{vi.name}' is declared with dims {declared} and type "
-                    f"{onnx.helper.tensor_dtype_to_string(tt.elem_type)} but its initializer has dims "
-                    f"{dims} and type {onnx.helper.tensor_dtype_to_string(t.data_type)}",
+                    f"{_dtype_name(tt.elem_type)} but its initializer has dims "
+                    f"{dims} and type {_dtype_name(t.data_type)}",
                     hint="fix or re-export the model")
     for t in walk.tensors:
         dims = list(t.dims)
