@@ -4,7 +4,7 @@
 
 Every mutant (``dlcc.testing.fuzz.mutant(seed, i)``) runs in its own process (``--isolation fork``, the
 default: a fork of a worker that has dlcc imported, so a crash or hang of one case is a result; or
-``subprocess``: a fresh ``python -m dlcc.cli``, 5x slower); the table counts the
+``subprocess``: a fresh ``python -m dlcc.cli``, about 20x slower); the table counts the
 outcomes per mutation kind; each bad case (internal error, traceback, crash, hang) is listed with its kind,
 seed index and first stderr line, and its bytes are written to ``DIR/<seed>-<index>-<kind>.onnx`` so
 ``dlcc optimize DIR/... out.onnx --debug`` reproduces it.

@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="light models of the onnx wheel and dlcc.testing kit models (default: all)")
     parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--repeat", type=int, default=10, help="latency runs per model (0 = skip latency)")
-    parser.add_argument("--wall-repeat", type=int, default=3, help="optimization runs per tool (best is kept)")
+    parser.add_argument("--wall-repeat", type=int, default=11,
+                        help="optimization runs per tool, taken in turns (best is kept; the machine is noisy)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

@@ -14,7 +14,7 @@ failing case is reproduced from its seed and index alone; ``run_case`` runs dlcc
 crash in onnx's or onnxruntime's C++ code is a result, not the end of the fuzzer. ``run_case_forked`` is the
 same isolation without the interpreter start: a fork of a process that has dlcc imported runs the CLI's
 ``main`` with its stdout/stderr file descriptors on files (C++ output included), and is killed at the timeout
-(POSIX; about 10x faster, what ``make fuzz`` uses).
+(POSIX; about 20x faster, what ``make fuzz`` uses).
 """
 
 from __future__ import annotations
