@@ -204,6 +204,18 @@ def test_save_switches_to_external_above_threshold(tmp_path: Path, small_path: P
     assert (tmp_path / "auto.onnx.data").is_file()
 
 
+def _saved_equals_serialized(model, out: Path) -> onnx.ModelProto:
+    """``save(model, out)`` parses to ``serialize_model(model)`` (value_info aside); returns the file's proto."""
+    import onnx_ir as ir
+
+    save(model, out)
+    got, ref = onnx.load(out), ir.serde.serialize_model(model)
+    for p in (got, ref):
+        del p.graph.value_info[:]
+    assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
+    return got
+
+
 def test_streamed_save_equals_serialized_model(tmp_path: Path) -> None:
     """save() writes weights straight from their arrays; the file parses to what serialize_model gives"""
     import onnx_ir as ir
@@ -236,11 +248,7 @@ def test_streamed_save_equals_serialized_model(tmp_path: Path) -> None:
                 if inp is not None and inp.name == name and inp is not v:
                     node.replace_input_with(i, v)
     out = tmp_path / "streamed.onnx"
-    save(model, out)
-    got, ref = onnx.load(out), ir.serde.serialize_model(model)
-    for p in (got, ref):
-        del p.graph.value_info[:]
-    assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
+    got = _saved_equals_serialized(model, out)
     assert [t.name for t in got.graph.initializer] == ["big", "half", "small", "ints"]
     onnx.checker.check_model(str(out), full_check=True)
 
@@ -330,19 +338,12 @@ def test_minus_one_dims_are_dynamic_and_other_negatives_refused(tmp_path: Path) 
 def test_saved_loaded_initializers_equal_serialized_model(tmp_path: Path) -> None:
     """Small initializers that were loaded and not changed are written as their own proto bytes; the file
     still parses to what serialize_model gives (names, dims, dtypes, data)."""
-    import onnx_ir as ir
 
     m = _conv_model()
     m.graph.initializer.append(onnx.numpy_helper.from_array(np.float32([1.5, -2.0]), "tiny"))
     m.graph.node.append(oh.make_node("Identity", ["tiny"], ["t_out"]))
     m.graph.output.append(oh.make_tensor_value_info("t_out", onnx.TensorProto.FLOAT, [2]))
-    loaded = dlcc.load(m.SerializeToString())
-    out = tmp_path / "o.onnx"
-    save(loaded, out)
-    got, ref = onnx.load(out), ir.serde.serialize_model(loaded)
-    for p in (got, ref):
-        del p.graph.value_info[:]
-    assert got.SerializeToString(deterministic=True) == ref.SerializeToString(deterministic=True)
+    _saved_equals_serialized(dlcc.load(m.SerializeToString()), tmp_path / "o.onnx")
 
 
 @pytest.mark.parametrize("everywhere", [True, False])
