@@ -67,6 +67,7 @@ def load(
     proto, folder, size = _read_proto(source, base_dir)
     _check_structure(proto)
     walk = _Walk(proto)
+    _check_text(proto, walk)
     unknown = _negative_dims(walk, fix=False)
     if unknown:
         if isinstance(source, onnx.ModelProto):  # never edit the caller's proto: edit a copy
@@ -81,12 +82,7 @@ def load(
     small = size < CHECK_PROTO_BYTES
     if small:
         external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in walk.tensors)
-        skeleton = None
-        if not isinstance(source, onnx.ModelProto) and not external:
-            try:
-                skeleton = _weightless(proto, walk)
-            except (UnicodeError, ValueError, TypeError):  # text that is not UTF-8: reported after parsing
-                skeleton = None
+        skeleton = _weightless(proto, walk) if not isinstance(source, onnx.ModelProto) and not external else None
         if skeleton is None:
             _run_checker(proto, external)
             proto = _infer_small(proto, external)
@@ -102,9 +98,6 @@ def load(
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:  # the checker passed: what onnx_ir cannot read is corrupt content
-        if _has_bytes_names(walk if proto is walk.proto else _Walk(proto)):
-            raise ModelLoadError("the model is corrupted: a value or node name is not valid UTF-8 text",
-                                 hint="re-export the model") from None
         cause = e
         while cause.__cause__ is not None:
             cause = cause.__cause__
@@ -113,7 +106,6 @@ def load(
                              hint="re-export the model") from None
     if lean_shapes:
         _apply_value_info(model.graph, lean_shapes)
-    _check_text(model)
     if not small:
         _run_checker(model)
     if folder is not None:
@@ -150,44 +142,56 @@ def _negative_dims(walk: _Walk, *, fix: bool) -> list[str]:
     return found
 
 
-def _has_bytes_names(walk: _Walk) -> bool:
-    """Does some name in the proto fail to decode as UTF-8 (protobuf then hands it over as bytes)?"""
+def _check_text(proto: onnx.ModelProto, walk: _Walk) -> None:
+    """Names and doc strings must be text: a corrupted file can hold bytes that are not UTF-8 (protobuf's
+    proto2 strings let them through, as bytes), which nothing downstream could read or write back. Checked
+    on the proto, before anything (the weightless copy, onnx_ir) reads a name."""
     def bad(x) -> bool:
         return isinstance(x, bytes | bytearray)
 
     for g in walk.graphs:
-        if bad(g.name) or any(bad(v.name) for v in (*g.input, *g.output, *g.value_info, *g.initializer)):
-            return True
-        for n in g.node:
-            if bad(n.name) or bad(n.op_type) or bad(n.domain) or any(bad(x) for x in (*n.input, *n.output)):
-                return True
-    return False
-
-
-def _check_text(model: ir.Model) -> None:
-    """Names and doc strings must be text: a corrupted file can hold bytes that are not UTF-8 (protobuf's
-    proto2 strings let them through), which nothing downstream could write back."""
-    def bad(x) -> bool:
-        return isinstance(x, bytes | bytearray)
-
-    for graph in (model.graph, *model.graph.subgraphs()):
+        if _all_text(g):
+            continue
         what = None
-        if bad(graph.name) or bad(graph.doc_string):
+        if bad(g.name) or bad(g.doc_string):
             what = "the graph name"
-        for v in (*graph.inputs, *graph.outputs, *graph.initializers.values()):
-            if bad(v.name):
-                what = "a value name"
-        for node in graph:
-            if bad(node.name) or bad(node.op_type) or bad(node.domain) or bad(node.doc_string):
-                what = "a node name"
-            if any(bad(v.name) for v in node.outputs):
-                what = "a value name"
+        elif any(bad(v.name) for v in (*g.input, *g.output, *g.value_info, *g.initializer)):
+            what = "a value name"
+        else:
+            for n in g.node:
+                if bad(n.name) or bad(n.op_type) or bad(n.domain) or bad(n.doc_string):
+                    what = "a node name"
+                elif any(bad(x) for x in (*n.input, *n.output)):
+                    what = "a value name"
+                if what:
+                    break
         if what:
             raise ModelLoadError(f"the model is corrupted: {what} is not valid UTF-8 text",
                                  hint="re-export the model")
-    if any(bad(x) for x in (model.producer_name, model.producer_version, model.domain, model.doc_string)):
+    if any(bad(x) for x in (proto.producer_name, proto.producer_version, proto.domain, proto.doc_string)):
         raise ModelLoadError("the model is corrupted: its producer or doc string is not valid UTF-8 text",
                              hint="re-export the model")
+
+
+def _all_text(g: onnx.GraphProto) -> bool:
+    """The fast scan of ``_check_text`` (on the load path of every model): is every name of ``g`` a str?"""
+    if type(g.name) is not str or type(g.doc_string) is not str:
+        return False
+    for values in (g.input, g.output, g.value_info, g.initializer):
+        for v in values:
+            if type(v.name) is not str:
+                return False
+    for n in g.node:
+        if (type(n.name) is not str or type(n.op_type) is not str or type(n.domain) is not str
+                or type(n.doc_string) is not str):
+            return False
+        for x in n.input:
+            if type(x) is not str:
+                return False
+        for x in n.output:
+            if type(x) is not str:
+                return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -239,48 +243,12 @@ def _check_structure(proto: onnx.ModelProto) -> None:
         raise ModelLoadError("the model declares no opset_import", hint="re-export the model with an opset")
 
 
-def _all_graphs(proto: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
-    stack = [proto.graph]
-    for f in proto.functions:
-        for node in f.node:
-            stack.extend(_node_subgraphs(node))
-    while stack:
-        g = stack.pop()
-        yield g
-        for node in g.node:
-            stack.extend(_node_subgraphs(node))
-
-
-def _node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    out = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            out.append(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            out.extend(a.graphs)
-    return out
-
-
-def _all_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    for g in _all_graphs(proto):
-        yield from g.initializer
-        for s in g.sparse_initializer:
-            yield s.values
-            yield s.indices
-        for node in g.node:
-            yield from _attr_tensors(node)
-    for f in proto.functions:
-        for node in f.node:
-            yield from _attr_tensors(node)
-
-
 class _Walk:
     """Every graph (main, subgraphs, function bodies' subgraphs) and every stored tensor of a proto, found
     in one pass over the nodes' attributes (the load checks all need them; each walk costs ~0.5 ms on a
     200-node model)."""
 
     def __init__(self, proto: onnx.ModelProto) -> None:
-        self.proto = proto
         self.graphs: list[onnx.GraphProto] = []
         self.tensors: list[onnx.TensorProto] = []
         G, GS, T, TS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSOR,
@@ -486,12 +454,12 @@ def _checkable(proto: onnx.ModelProto, external: bool | None = None) -> onnx.Mod
     ``external``: whether the proto has external tensors (None: look).
     """
     if external is None:
-        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in _all_tensors(proto))
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in _Walk(proto).tensors)
     if not external:
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
-    for g in _all_graphs(copy):
+    for g in _Walk(copy).graphs:
         inputs = {i.name for i in g.input}
         keep = []
         for t in g.initializer:

@@ -66,20 +66,13 @@ def value_bytes(v: ir.Value) -> tuple[int, int] | None:
 def _values(graph: ir.Graph) -> Iterator[ir.Value]:
     """Inputs, initializers and node outputs of ``graph`` and its subgraphs (a plain walk: onnx_ir's
     RecursiveGraphIterator costs more than the whole size check)."""
-    G, GS = ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS
-    stack = [graph]
-    while stack:
-        g = stack.pop()
+    from dlcc.passes.rewrite import all_graphs
+
+    for g in all_graphs(graph):
         yield from g.inputs
         yield from g.initializers.values()
         for node in g:
             yield from node.outputs
-            if node.attributes:
-                for a in node.attributes.values():
-                    if a.type == G:
-                        stack.append(a.value)
-                    elif a.type == GS:
-                        stack.extend(a.value)
 
 
 def check_tensor_sizes(model: ir.Model, *, limit: int | None = None) -> None:
