@@ -80,8 +80,8 @@ def load(
     _check_domains(proto, walk)
     # checker and shape inference: a small proto as it is; a big model as its skeleton (no weight copies)
     small = size < CHECK_PROTO_BYTES
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in walk.tensors)
     if small:
-        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in walk.tensors)
         skeleton = _weightless(proto, walk) if not isinstance(source, onnx.ModelProto) and not external else None
         if skeleton is None:
             _run_checker(proto, external)
@@ -108,7 +108,7 @@ def load(
         _apply_value_info(model.graph, lean_shapes)
     if not small:
         _run_checker(model)
-    if folder is not None:
+    if folder is not None and external:
         ir.external_data.set_base_dir(model.graph, str(folder))
     model.meta["dlcc.notes"] = []
     if unknown:
@@ -316,32 +316,34 @@ def _check_tensor_data(walk: _Walk) -> None:
             if t is None or not vi.type.HasField("tensor_type"):
                 continue
             tt = vi.type.tensor_type
+            if (not tt.elem_type or tt.elem_type == t.data_type) and (
+                    not tt.HasField("shape") or _dims_fit(tt.shape.dim, t.dims)):
+                continue
             dims = list(t.dims)
             declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-            shape_differs = len(declared) != len(dims) or any(
-                d is not None and d != e for d, e in zip(declared, dims, strict=True))
-            if (tt.elem_type and tt.elem_type != t.data_type) or (shape_differs and tt.HasField("shape")):
-                raise ModelLoadError(
-                    f"graph input '{vi.name}' is declared with dims {declared} and type "
-                    f"{_dtype_name(tt.elem_type)} but its initializer has dims "
-                    f"{dims} and type {_dtype_name(t.data_type)}",
-                    hint="fix or re-export the model")
+            raise ModelLoadError(
+                f"graph input '{vi.name}' is declared with dims {declared} and type "
+                f"{_dtype_name(tt.elem_type)} but its initializer has dims "
+                f"{dims} and type {_dtype_name(t.data_type)}",
+                hint="fix or re-export the model")
+    external = onnx.TensorProto.EXTERNAL
     for t in walk.tensors:
         dims = list(t.dims)
         if dims and min(dims) < 0:
             raise ModelLoadError(f"tensor '{t.name or '<unnamed>'}' has a negative dimension in its dims {dims}",
                                  hint="fix or re-export the model")
-        if t.data_location == onnx.TensorProto.EXTERNAL:
+        if t.data_location == external:
             continue
-        name = t.name or "<unnamed>"
         count = math.prod(dims)
         if t.HasField("raw_data"):
             size = _ITEMSIZE.get(t.data_type)
             if size is not None and len(t.raw_data) != count * size:
                 raise ModelLoadError(
-                    f"tensor '{name}' declares dims {dims} ({count} element(s) of {size} byte(s)) but "
-                    f"its raw_data holds {len(t.raw_data)} bytes", hint="the model is corrupt; re-export it")
+                    f"tensor '{t.name or '<unnamed>'}' declares dims {dims} ({count} element(s) of {size} "
+                    f"byte(s)) but its raw_data holds {len(t.raw_data)} bytes",
+                    hint="the model is corrupt; re-export it")
             continue
+        name = t.name or "<unnamed>"
         field = onnx.helper.tensor_dtype_to_field(t.data_type) if t.data_type in _ITEMSIZE else None
         if field is None:
             continue
@@ -477,6 +479,13 @@ def _checkable(proto: onnx.ModelProto, external: bool | None = None) -> onnx.Mod
                         np.zeros(tuple(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type)), t.name)
                     t.CopyFrom(zeros)
     return copy
+
+
+def _dims_fit(declared, dims) -> bool:
+    """Do the declared dims (``TensorShapeProto.dim``) fit the tensor's ``dims``? A dim without a value
+    fits any size (its default value 0 is only read when it differs)."""
+    return len(declared) == len(dims) and all(
+        d.dim_value == e or not d.HasField("dim_value") for d, e in zip(declared, dims, strict=True))
 
 
 # float initializers at least this big are left out of the copy the checker and inference see

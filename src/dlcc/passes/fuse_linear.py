@@ -140,15 +140,15 @@ def _bn_affine(bn: ir.Node, channels: int) -> tuple[np.ndarray, np.ndarray] | st
     why = _bn_inference(bn)
     if why:
         return why
-    params = []
-    for v, what in zip(bn.inputs[1:5], ("scale", "bias", "mean", "variance"), strict=True):
-        c = _float_const(v, f"BatchNormalization {what}")
-        if isinstance(c, str):
-            return c
+    params = [const_array(v) for v in bn.inputs[1:5]]
+    for c, what in zip(params, ("scale", "bias", "mean", "variance"), strict=True):
+        if c is None:
+            return f"BatchNormalization {what} is not a constant"
+        if c.dtype.type not in _FLOAT_KINDS:
+            return f"BatchNormalization {what} is not float16/float32/float64"
         if c.shape != (channels,):
             return "BatchNormalization parameters are not one value per channel"
-        params.append(c.astype(np.float64))
-    scale, bias, mean, var = params
+    scale, bias, mean, var = np.array(params, dtype=np.float64)  # one (4, channels) conversion
     eps = float(attr(bn, "epsilon", 1e-5))
     with np.errstate(all="ignore"):
         s = scale / np.sqrt(var + eps)
@@ -219,19 +219,32 @@ def _outputs(root: ir.Node, new: ir.Value) -> list[ir.Value | None]:
 # ----------------------------------------------------------------------------- folding into the producer
 
 
-def _scale_weight(lin: _Linear, s: np.ndarray) -> np.ndarray:
-    w = lin.w.astype(np.float64)
-    op = lin.node.op_type
+def _channel_factor(lin: _Linear, s: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
+    """``s`` shaped to multiply W along its output channels, and the shape W is viewed in for that."""
+    w, op = lin.w, lin.node.op_type
     if op == "Conv":
-        return w * s.reshape((-1,) + (1,) * (w.ndim - 1))
-    if op == "ConvTranspose":
+        return w.shape, s.reshape((-1,) + (1,) * (w.ndim - 1))
+    if op == "ConvTranspose":  # output channel o = gi * M/g + j lives in W[gi * C/g:(gi+1) * C/g, j]
         g = int(attr(lin.node, "group", 1))
         cin, mg = w.shape[0], w.shape[1]
-        grouped = w.reshape((g, cin // g, mg) + w.shape[2:])
-        return (grouped * s.reshape((g, 1, mg) + (1,) * (w.ndim - 2))).reshape(w.shape)
+        return (g, cin // g, mg) + w.shape[2:], s.reshape((g, 1, mg) + (1,) * (w.ndim - 2))
     if op == "Gemm" and attr(lin.node, "transB", 0):
-        return w * s[:, None]
-    return w * s[None, :]
+        return w.shape, s[:, None]
+    return w.shape, s[None, :]
+
+
+def _scaled_weight(lin: _Linear, s: np.ndarray | None, alpha: float) -> np.ndarray | None:
+    """W * s along the output channels, times ``alpha``: computed in float64 and rounded once to W's dtype
+    (in one pass over W, no float64 copy of it); None when W stays as it is."""
+    w = lin.w
+    if s is None:
+        return None if alpha == 1.0 else (w.astype(np.float64) * alpha).astype(w.dtype)
+    view, factor = _channel_factor(lin, s)
+    if alpha != 1.0:
+        return ((w.reshape(view) * factor) * alpha).astype(w.dtype).reshape(w.shape)
+    out = np.empty(view, w.dtype)
+    np.multiply(w.reshape(view), factor, out=out, dtype=np.float64, casting="same_kind")
+    return out.reshape(w.shape)
 
 
 def _new_bias(lin: _Linear, s: np.ndarray | None, t: np.ndarray | None) -> np.ndarray | None:
@@ -245,18 +258,20 @@ def _new_bias(lin: _Linear, s: np.ndarray | None, t: np.ndarray | None) -> np.nd
 
 def _fold(lin: _Linear, s: np.ndarray | None, t: np.ndarray | None, root: ir.Node, b: Builder) -> ir.Value:
     node, dt = lin.node, lin.w.dtype
-    w = _scale_weight(lin, s) if s is not None else lin.w.astype(np.float64)
-    if node.op_type == "Gemm":
-        w = w * float(attr(node, "alpha", 1.0))
+    w = _scaled_weight(lin, s, float(attr(node, "alpha", 1.0)) if node.op_type == "Gemm" else 1.0)
     bias = _new_bias(lin, s, t)
     w_name = node.inputs[1].name or "w"
-    inputs = [node.inputs[0], b.const(w.astype(dt), w_name + "_fused")]
+    if node.op_type in _CONV:  # same op and attributes: the Conv itself takes the new weight and bias
+        if w is not None:
+            b.set_input(node, 1, b.const(w, w_name + "_fused"))
+        if bias is not None:
+            b.set_input(node, 2, b.const(bias.astype(dt), w_name + "_bias"))
+        return node.outputs[0]
+    inputs = [node.inputs[0], node.inputs[1] if w is None else b.const(w, w_name + "_fused")]
     if bias is not None:
         inputs.append(b.const(bias.astype(dt), w_name + "_bias"))
     out = root.outputs[0]
-    if node.op_type in _CONV:
-        op, attrs = node.op_type, dict(node.attributes)
-    elif node.op_type == "Gemm":
+    if node.op_type == "Gemm":
         op, attrs = "Gemm", {k: v for k, v in node.attributes.items() if k in ("transA", "transB")}
     elif bias is None:
         op, attrs = "MatMul", {}

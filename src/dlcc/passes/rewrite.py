@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -71,6 +72,7 @@ class Builder:
         self.nodes: list[ir.Node] = []
         self.constants: list[ir.Value] = []
         self.detached: list[list[ir.Value | None]] | None = None  # inputs of nodes while not chosen
+        self.input_changes: list[tuple[ir.Node, int, ir.Value]] = []
 
     def op(self, op_type: str, inputs: Sequence[ir.Value | None], attributes: dict | None = None, *,
            domain: str = "", num_outputs: int = 1, hint: str = "", dtype: ir.DataType | None = None,
@@ -86,14 +88,26 @@ class Builder:
         self.nodes.append(node)
         return outputs[0] if num_outputs == 1 else tuple(outputs)
 
+    def set_input(self, node: ir.Node, index: int, value: ir.Value) -> None:
+        """Record that input ``index`` of the existing ``node`` becomes ``value`` (the inputs grow when
+        ``index`` is past the last one). For a producer whose outputs only the root reads: the rewrite then
+        returns that producer's outputs as the root's replacements, and the producer is edited instead of
+        rebuilt. ``value`` must exist before ``node`` runs (a constant or an existing value), not be a new
+        node's output. The driver applies the change with the rewrite, and drops the replaced inputs if
+        nothing else reads them."""
+        self.input_changes.append((node, index, value))
+
     def const(self, array, hint: str = "const") -> ir.Value:
         array = np.asarray(array)
         name = self.names.new(hint)
         tensor = as_tensor(array, name)
-        v = ir.Value(name=name, shape=ir.Shape(list(array.shape)), type=ir.TensorType(tensor.dtype),
-                     const_value=tensor)
+        # the tensor's own (frozen) shape, as onnx_ir gives loaded initializers
+        v = ir.Value(name=name, shape=tensor.shape, type=ir.TensorType(tensor.dtype), const_value=tensor)
         self.constants.append(v)
         return v
+
+
+_UNSAFE = re.compile(r"[^\w./]")  # \w: what str.isalnum() accepts, and "_"
 
 
 class NameGen:
@@ -112,7 +126,7 @@ class NameGen:
         return self._used
 
     def new(self, hint: str) -> str:
-        base = "".join(c if c.isalnum() or c in "_./" else "_" for c in (hint or "v"))[:48]
+        base = _UNSAFE.sub("_", (hint or "v")[:48])
         while True:
             name = f"{base}__{next(self.counter)}"
             if name not in self.used:
@@ -310,6 +324,16 @@ def _apply(graph: ir.Graph, root: ir.Node, new_values: list[ir.Value | None], b:
         graph.register_initializer(v)
     if b.nodes:
         graph.insert_before(root, b.nodes)
+    replaced = []
+    for node, i, v in b.input_changes:
+        if v.producer() in b.nodes:
+            raise PassError(f"a rewrite of {root.op_type} made {node.op_type} read a value computed after it "
+                            "(a dlcc bug)")
+        if i >= len(node.inputs):
+            node.resize_inputs(i + 1)
+        if node.inputs[i] is not None:
+            replaced.append(node.inputs[i])
+        node.replace_input_with(i, v)
     for old, new in zip(root.outputs, new_values, strict=True):
         if new is None:
             if old.uses() or old.is_graph_output():
@@ -325,7 +349,7 @@ def _apply(graph: ir.Graph, root: ir.Node, new_values: list[ir.Value | None], b:
             old.replace_all_uses_with(new)
     inputs = [v for v in root.inputs if v is not None]
     graph.remove(root, safe=True)
-    _remove_dead_producers(graph, inputs)
+    _remove_dead_producers(graph, inputs + replaced)
 
 
 def _take_graph_output(graph: ir.Graph, root: ir.Node, old: ir.Value, new: ir.Value, b: Builder) -> None:
