@@ -55,9 +55,9 @@ def optimize(
                        after_round=_refresh_and_check),
         level=level,
     )
+    # every round that changed the model was followed by _refresh_and_check, and the last round changed
+    # nothing: the values' shapes are current
     report: PipelineReport = manager.run(model)
-    if report.rounds > 1:  # something changed: annotate every value (cheap when all shapes are static)
-        refresh_shapes(model)
     model.meta["dlcc.report"] = report
     return model
 

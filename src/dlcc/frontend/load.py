@@ -65,9 +65,15 @@ def load(
     required when ``source`` is bytes or a ModelProto that references external data.
     """
     proto, folder, size = _read_proto(source, base_dir)
+    ir_version_in = proto.ir_version
     _check_structure(proto)
     walk = _Walk(proto)
     _check_text(proto, walk)
+    _check_external_data(walk, folder)
+    _check_tensor_data(walk)  # also: initializers listed as inputs fit their declared types
+    stripped = 0
+    if proto is not source and not keep_initializer_inputs:  # ours to edit: strip before the checks below
+        stripped = _strip_initializer_inputs(proto)  # (legacy IR 3 form; inputs cost at every step)
     unknown = _negative_dims(walk, fix=False)
     if unknown:
         if isinstance(source, onnx.ModelProto):  # never edit the caller's proto: edit a copy
@@ -75,8 +81,6 @@ def load(
             proto.CopyFrom(source)
             walk = _Walk(proto)
         _negative_dims(walk, fix=True)
-    _check_external_data(walk, folder)
-    _check_tensor_data(walk)
     _check_domains(proto, walk)
     # checker and shape inference: a small proto as it is; a big model as its skeleton (no weight copies)
     small = size < CHECK_PROTO_BYTES
@@ -89,10 +93,9 @@ def load(
         else:  # checker and inference see the graph without its float weights' bytes (3-4x cheaper)
             _run_checker(skeleton, False)
             _take_shapes(proto, _infer_small(skeleton, False))
-    stripped = 0
     lean_shapes = None
     if proto is not source:  # ours to edit: cheaper before deserialization than after
-        if not keep_initializer_inputs:
+        if not keep_initializer_inputs and not stripped:  # a copy made for -1 dims
             stripped = _strip_initializer_inputs(proto)
         lean_shapes = _take_value_info(proto)
     try:
@@ -114,7 +117,7 @@ def load(
     if unknown:
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
         notes(model).append(f"treated dim -1 as dynamic (unknown) in {shown}")
-    model.meta["dlcc.ir_version_in"] = proto.ir_version
+    model.meta["dlcc.ir_version_in"] = ir_version_in
     model.meta["dlcc.source"] = str(source) if isinstance(source, str | os.PathLike) else "<memory>"
     _normalize_initializer_inputs(model, keep_initializer_inputs, stripped)
     return model
@@ -485,7 +488,8 @@ def _dims_fit(declared, dims) -> bool:
     """Do the declared dims (``TensorShapeProto.dim``) fit the tensor's ``dims``? A dim without a value
     fits any size (its default value 0 is only read when it differs)."""
     return len(declared) == len(dims) and all(
-        d.dim_value == e or not d.HasField("dim_value") for d, e in zip(declared, dims, strict=True))
+        d.dim_value == e or d.dim_value == -1 or not d.HasField("dim_value")
+        for d, e in zip(declared, dims, strict=True))
 
 
 # float initializers at least this big are left out of the copy the checker and inference see
@@ -636,6 +640,8 @@ def _strip_initializer_inputs(proto: onnx.ModelProto) -> int:
     kept.input.extend(keep)
     del g.input[:]
     g.input.extend(kept.input)
+    if proto.ir_version < 4:  # IR 3 requires every initializer to be an input; IR 4 is the same model without
+        proto.ir_version = 4
     return n
 
 
