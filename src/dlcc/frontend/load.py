@@ -515,9 +515,16 @@ def _weightless(proto: onnx.ModelProto, walk: _Walk) -> onnx.ModelProto | None:
     inputs = {i.name for i in cg.input}
     for i in sorted(big):
         t = g.initializer[i]
-        if t.name not in inputs:
+        if t.name not in inputs:  # a typed input (built field by field: make_tensor_value_info is slower)
             inputs.add(t.name)
-            cg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            vi = cg.input.add()
+            vi.name = t.name
+            tt = vi.type.tensor_type
+            tt.elem_type = t.data_type
+            tt.shape.SetInParent()  # a known rank even without dims
+            dims = tt.shape.dim
+            for d in t.dims:
+                dims.add().dim_value = d
     return copy
 
 
@@ -757,8 +764,9 @@ def _save_inline(model: ir.Model, path: Path) -> None:
     Protobuf concatenates: the file is the model without its graph, then the graph field, whose bytes are
     the graph without its initializers followed by one ``initializer`` entry per tensor in the model's
     order; a big one is written as a small header (name, dims, dtype) and its ``raw_data`` taken straight
-    from the array. It parses to ``serialize_model(model)`` (less the redundant value_info entries of
-    initializers), minus two in-memory copies of every weight.
+    from the array. The value_info of the nodes' outputs (plain tensor types) is encoded here too, after the
+    skeleton, in the order onnx_ir gives it. It parses to ``serialize_model(model)`` (less the redundant
+    value_info entries of initializers), minus two in-memory copies of every weight.
     """
     graph = model.graph
     order = list(graph.initializers.values())
@@ -766,14 +774,19 @@ def _save_inline(model: ir.Model, path: Path) -> None:
         with open(path, "wb") as f:
             f.write(ir.serde.serialize_model(model).SerializeToString())
         return
+    typed = _plain_value_info(graph)
     graph.initializers.clear()  # every initializer is written after the skeleton, in the model's order
+    for v, _, _ in typed:  # their value_info is encoded below (onnx_ir's field-by-field path is slower)
+        v.type, v.shape = None, None
     try:
         proto = ir.serde.serialize_model(model)
     finally:
         graph.initializers.clear()
         for v in order:
             graph.initializers.add(v)
-    graph_bytes = proto.graph.SerializeToString()
+        for v, t, shape in typed:
+            v.type, v.shape = t, shape
+    graph_bytes = proto.graph.SerializeToString() + _value_info_entries(typed)
     proto.ClearField("graph")
     entries = []
     for v in order:
@@ -795,6 +808,65 @@ def _save_inline(model: ir.Model, path: Path) -> None:
         for head, data in entries:
             f.write(head)
             f.write(memoryview(data))
+
+
+def _plain_value_info(graph: ir.Graph) -> list[tuple[ir.Value, ir.TensorType, ir.Shape | None]]:
+    """The node outputs onnx_ir would write a value_info for, with their types and shapes, when every one
+    is a named plain tensor (no denotation, doc string or metadata, dims that are ints >= 0 or symbols);
+    else [] (then onnx_ir writes them all, so the order stays its own)."""
+    out = []
+    for node in graph:
+        for v in node.outputs:
+            t, shape = v.type, v.shape
+            if (t is None and shape is None and not v.metadata_props and not v.doc_string) or v.is_graph_output():
+                continue
+            if (type(t) is not ir.TensorType or t.denotation or not v.name or v.metadata_props or v.doc_string
+                    or (shape is not None and not _plain_dims(shape))):
+                return []
+            out.append((v, t, shape))
+    return out
+
+
+def _plain_dims(shape: ir.Shape) -> bool:
+    for i, d in enumerate(shape):
+        if shape.get_denotation(i) or (d < 0 if type(d) is int else type(d) is not ir.SymbolicDim):
+            return False
+    return True
+
+
+def _value_info_entries(typed: list[tuple[ir.Value, ir.TensorType, ir.Shape | None]]) -> bytes:
+    """``GraphProto.value_info`` (field 13) entries holding each value's name, element type and shape,
+    encoded; the type part is encoded once per distinct (element type, dims)."""
+    types: dict[tuple, bytes] = {}
+    out = []
+    for v, t, shape in typed:
+        key = (t.dtype, None if shape is None else tuple(d if type(d) is int else ("?", d.value) for d in shape))
+        type_bytes = types.get(key)
+        if type_bytes is None:
+            type_bytes = types[key] = _tensor_type_bytes(t.dtype.value, shape)
+        name = v.name.encode()
+        info = b"\x0a" + _varint(len(name)) + name + b"\x12" + _varint(len(type_bytes)) + type_bytes
+        out.append(_tag(13) + _varint(len(info)) + info)
+    return b"".join(out)
+
+
+def _tensor_type_bytes(elem: int, shape: ir.Shape | None) -> bytes:
+    """An encoded ``TypeProto`` holding a tensor type."""
+    tensor = b"\x08" + _varint(elem)  # TypeProto.Tensor.elem_type
+    if shape is not None:
+        dims = []
+        for d in shape:
+            if type(d) is int:
+                body = b"\x08" + _varint(d)  # Dimension.dim_value
+            elif d.value is None:
+                body = b""  # an unknown dim: neither value nor param
+            else:
+                param = str(d.value).encode()
+                body = b"\x12" + _varint(len(param)) + param  # Dimension.dim_param
+            dims.append(b"\x0a" + _varint(len(body)) + body)  # TensorShapeProto.dim
+        shape_bytes = b"".join(dims)
+        tensor += b"\x12" + _varint(len(shape_bytes)) + shape_bytes  # TypeProto.Tensor.shape
+    return b"\x0a" + _varint(len(tensor)) + tensor  # TypeProto.tensor_type
 
 
 def _small_tensor_bytes(v: ir.Value) -> bytes:
