@@ -98,6 +98,49 @@ def test_conv_bn_folds(case: str) -> None:
     assert_idempotent(model)
 
 
+def test_conv_bn_edits_the_conv_in_place() -> None:
+    """The Conv stays the same node; its weight and bias initializers keep their names and take the folded
+    values (nothing else reads them); a missing bias is added as a new initializer."""
+    for case in ("2d", "2d-nobias"):
+        model = conv_model(case, "y = BatchNormalization<epsilon=0.001>(c, s, b, mu, var)")
+        conv = next(iter(model.graph))
+        w_before = model.graph.initializers["w"].const_value.numpy().copy()
+        fuse(model)
+        assert list(model.graph) == [conv]
+        assert conv.inputs[1].name == "w" and not np.array_equal(conv.inputs[1].const_value.numpy(), w_before)
+        if case == "2d":
+            assert conv.inputs[2].name == "cb"
+        assert conv.outputs[0].name == "y"  # it took the graph output's name
+        assert sorted(model.graph.initializers) == sorted(v.name for v in conv.inputs[1:])
+
+
+def test_conv_bn_with_a_shared_weight_leaves_the_other_reader_alone() -> None:
+    """Two Convs read one weight: the first fold wires in a new initializer; the second Conv is then the
+    weight's only reader, and the weight takes its folded values. A reader that does not fold keeps the
+    weight as it was."""
+    rng = np.random.default_rng(3)
+    w = f32(rng, 6, 4, 3, 3)
+    inits = {"w": w, **bn_params(rng, 6), "s2": rng.uniform(0.5, 1.5, 6).astype(np.float32)}
+    model = build("""g (float[2,4,7,7] x) => (float[2,6,5,5] y, float[2,6,5,5] z) {
+        c1 = Conv(x, w)
+        c2 = Conv(x, w)
+        y = BatchNormalization(c1, s, b, mu, var)
+        z = BatchNormalization(c2, s2, b, mu, var)
+    }""", inits)
+    p, _ = fuse(model)
+    assert p.fired["conv-bn"] == 2 and ops(model) == ["Conv", "Conv"]
+    c1, c2 = model.graph
+    assert c1.inputs[1].name != "w" and c2.inputs[1].name == "w"
+    assert not np.array_equal(c2.inputs[1].const_value.numpy(), w)
+    model = build("""g (float[2,4,7,7] x) => (float[2,6,5,5] y, float[2,6,5,5] z) {
+        c1 = Conv(x, w)
+        y = BatchNormalization(c1, s, b, mu, var)
+        z = Conv(x, w)
+    }""", inits)
+    fuse(model)  # checks both outputs against the model before in onnxruntime
+    assert np.array_equal(model.graph.initializers["w"].const_value.numpy(), w)
+
+
 def test_conv_bn_opset9() -> None:
     rng = np.random.default_rng(1)
     model = build("""g (float[1,2,6,6] x) => (float[1,3,4,4] y) {

@@ -110,3 +110,68 @@ def test_losing_candidates_leave_no_uses_behind() -> None:
     assert stats.fired["b-skip"] == 1
     assert [n.op_type for n in model.graph] == ["Sin"]
     verify_model(model)
+
+
+EDIT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2,3] x) => (float[2,3] y) {
+    a = Mul(x, k)
+    y = Neg(a)
+}
+"""
+
+
+def _edit_model() -> ir.Model:
+    model = infer_shapes(ir.from_onnx_text(EDIT))
+    k = ir.Value(name="k", const_value=ir.Tensor(np.full((2, 3), 2.0, np.float32), name="k"))
+    model.graph.register_initializer(k)
+    mul = next(iter(model.graph))
+    mul.replace_input_with(1, k)
+    return model
+
+
+def _neg_into_mul(how: str) -> Rule:
+    """Neg(Mul(x, k)) -> Mul(x, -k), by editing the Mul: ``set_const`` on k, or ``set_input`` with a new
+    constant ("input"), or with a value a new node computes (a bug the driver must catch)."""
+    def pattern(node):
+        p = node.inputs[0].producer()
+        return {"mul": p} if p is not None and p.op_type == "Mul" else None
+
+    def rewrite(node, m, b):
+        mul = m["mul"]
+        neg_k = -const_array(mul.inputs[1])
+        if how == "const":
+            b.set_const(mul.inputs[1], neg_k)
+        elif how == "input":
+            b.set_input(mul, 1, b.const(neg_k, "negk"))
+        else:
+            b.set_input(mul, 1, b.op("Neg", [mul.inputs[1]]))
+        return [mul.outputs[0]]
+
+    return Rule("neg-into-mul", ("Neg",), pattern, rewrite=rewrite)
+
+
+@pytest.mark.parametrize("how", ["const", "input"])
+def test_rewrite_edits_a_producer_in_place(how: str) -> None:
+    model = _edit_model()
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)}
+    ref = run_ort(ir.serde.serialize_model(model), feeds)["y"]
+    mul = next(iter(model.graph))
+    assert apply_rules(model, [_neg_into_mul(how)])
+    verify_model(model)
+    assert list(model.graph) == [mul] and mul.outputs[0].name == "y"
+    assert list(model.graph.initializers) == (["k"] if how == "const" else [mul.inputs[1].name])
+    np.testing.assert_array_equal(run_ort(ir.serde.serialize_model(model), feeds)["y"], ref)
+
+
+def test_set_input_to_a_later_value_and_set_const_on_a_shared_value_are_bugs() -> None:
+    model = _edit_model()
+    with pytest.raises(PassError, match="computed after it"):
+        apply_rules(model, [_neg_into_mul("node")])
+    model = _edit_model()
+    mul = next(iter(model.graph))
+    k2 = ir.Node("", "Add", [mul.inputs[1], mul.inputs[1]], outputs=[ir.Value(name="k2")])  # k: 2 readers
+    model.graph.append(k2)
+    model.graph.outputs.append(k2.outputs[0])
+    with pytest.raises(PassError, match="not an initializer only one node reads"):
+        apply_rules(model, [_neg_into_mul("const")])

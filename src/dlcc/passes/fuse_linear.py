@@ -263,9 +263,9 @@ def _fold(lin: _Linear, s: np.ndarray | None, t: np.ndarray | None, root: ir.Nod
     w_name = node.inputs[1].name or "w"
     if node.op_type in _CONV:  # same op and attributes: the Conv itself takes the new weight and bias
         if w is not None:
-            b.set_input(node, 1, b.const(w, w_name + "_fused"))
+            _take_const(b, node, 1, w, w_name + "_fused")
         if bias is not None:
-            b.set_input(node, 2, b.const(bias.astype(dt), w_name + "_bias"))
+            _take_const(b, node, 2, bias.astype(dt), w_name + "_bias")
         return node.outputs[0]
     inputs = [node.inputs[0], node.inputs[1] if w is None else b.const(w, w_name + "_fused")]
     if bias is not None:
@@ -278,6 +278,17 @@ def _fold(lin: _Linear, s: np.ndarray | None, t: np.ndarray | None, root: ir.Nod
     else:  # a rank-2 MatMul with a bias: Gemm's C is unidirectionally broadcast to (M, N)
         op, attrs = "Gemm", {}
     return b.op(op, inputs, attrs, hint=out.name, dtype=out.dtype, shape=out.shape)
+
+
+def _take_const(b: Builder, node: ir.Node, i: int, array: np.ndarray, hint: str) -> None:
+    """Input ``i`` of ``node`` becomes ``array``: the initializer there takes it when ``node`` is its only
+    reader (it keeps its name), else a new initializer is wired in."""
+    v = node.inputs[i] if i < len(node.inputs) else None
+    if v is not None and v.is_initializer() and not v.is_graph_input() and not v.is_graph_output() \
+            and len(v.uses()) == 1:
+        b.set_const(v, array)
+    else:
+        b.set_input(node, i, b.const(array, hint))
 
 
 def _linear_rule(name: str, roots: tuple[str, ...], producers: tuple[str, ...], doc: str) -> Rule:

@@ -9,7 +9,8 @@ A rule:
 - ``check(node, captures) -> str | None``: the guards. Returns why the rule refuses (shown in ``--stats``
   and in tests), or None to go ahead.
 - ``rewrite(node, captures, b) -> list[Value | None] | None``: builds replacement values for the root's
-  outputs with the builder ``b`` (new nodes and constants are only *recorded*); None declines.
+  outputs with the builder ``b`` (new nodes and constants are only *recorded*, and so are edits of a
+  producer only the root reads: ``b.set_input``, ``b.set_const``); None declines.
 
 The driver, in a few lines:
 
@@ -19,7 +20,8 @@ The driver, in a few lines:
                 m = rule.pattern(node); if m is None: continue
                 why = rule.check(node, m); if why: count refusal; continue
                 new = rule.rewrite(node, m, builder); if new is None: continue
-                apply: insert recorded nodes before the root, register constants, reroute every use
+                apply: insert recorded nodes before the root, register constants, make the recorded
+                       edits of producers' inputs and initializers, reroute every use
                        of the root's outputs (graph outputs keep their names), remove the root and
                        any producer left without uses
                 count the rule; go to the next node
@@ -73,6 +75,7 @@ class Builder:
         self.constants: list[ir.Value] = []
         self.detached: list[list[ir.Value | None]] | None = None  # inputs of nodes while not chosen
         self.input_changes: list[tuple[ir.Node, int, ir.Value]] = []
+        self.const_changes: list[tuple[ir.Value, ir.TensorProtocol]] = []
 
     def op(self, op_type: str, inputs: Sequence[ir.Value | None], attributes: dict | None = None, *,
            domain: str = "", num_outputs: int = 1, hint: str = "", dtype: ir.DataType | None = None,
@@ -96,6 +99,12 @@ class Builder:
         node's output. The driver applies the change with the rewrite, and drops the replaced inputs if
         nothing else reads them."""
         self.input_changes.append((node, index, value))
+
+    def set_const(self, value: ir.Value, array) -> None:
+        """Record that the initializer ``value`` holds ``array`` (same shape and dtype) from now on. For an
+        initializer only the producer that ``set_input`` would edit reads: it keeps its name and no new one
+        is made. The driver applies the change with the rewrite."""
+        self.const_changes.append((value, as_tensor(array, value.name)))
 
     def const(self, array, hint: str = "const") -> ir.Value:
         array = np.asarray(array)
@@ -324,6 +333,11 @@ def _apply(graph: ir.Graph, root: ir.Node, new_values: list[ir.Value | None], b:
         graph.register_initializer(v)
     if b.nodes:
         graph.insert_before(root, b.nodes)
+    for v, tensor in b.const_changes:
+        if not v.is_initializer() or v.is_graph_input() or v.is_graph_output() or len(v.uses()) != 1:
+            raise PassError(f"a rewrite of {root.op_type} changed '{v.name}', which is not an initializer only "
+                            "one node reads (a dlcc bug)")
+        v.const_value = tensor
     replaced = []
     for node, i, v in b.input_changes:
         if v.producer() in b.nodes:
