@@ -9,6 +9,12 @@ optimize, save), whether the outputs still match the original in onnxruntime (ma
 (1 thread, default optimizations) as a ratio to onnxslim's output measured in the same run. The table is
 printed and written to docs/BENCHMARKS.md with the machine described.
 
+Wall time: the tools take turns (round-robin, so a slow spell of the machine hits all of them) and the best
+of --wall-repeat runs is kept; a full garbage collection runs before each timed run (untimed), so no run
+pays for, or profits from, what an earlier run of any tool left behind: without it, dlcc's uncollected
+object graphs keep the heap from being trimmed, and the next tool's allocations reuse that memory instead
+of faulting in fresh pages as they would in a process of their own.
+
 Peers: onnxsim (simplify), onnxslim (slim), onnxoptimizer (default passes), onnxruntime's BASIC level
 saved offline. Run: ``make bench`` (or ``python bench/optimizers.py --models resnet50,vgg19``).
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import os
 import statistics
@@ -132,6 +139,7 @@ def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repea
         for tool in tools:
             if tool in failed:
                 continue
+            gc.collect()  # every run starts from the same heap state (see the module docstring)
             t0 = time.perf_counter()
             try:
                 TOOLS[tool](src, work / f"{name}.{tool}.onnx")
@@ -187,7 +195,7 @@ def render(rows: list[dict], tools: list[str]) -> str:
             cells.append("-" if n is None else f"{n}{'*' if ok and n == best else ''}{'' if ok else ' (mismatch)'}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\n### Optimization wall time in seconds (load + optimize + save in this process; the tools take "
-                 "turns, best of --wall-repeat runs)\n")
+                 "turns, a full garbage collection before each run, best of --wall-repeat runs)\n")
     ratio = "dlcc" in tools and "onnxsim" in tools
     head = ["model"] + tools + (["dlcc / onnxsim"] if ratio else [])
     lines.append("| " + " | ".join(head) + " |")
