@@ -200,9 +200,6 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
     for r in active:
         for op in r.roots:
             by_op.setdefault((r.domain, op), []).append(r)
-    # per root op: the rules without an input_ops promise, and the others by each op they promise, so a
-    # node only tries the rules its producers allow (in the rules' order)
-    plans = {key: _Plan(rules) for key, rules in by_op.items()}
     changed = False
     for graph in graphs or [model.graph]:
         names = NameGen(graph)
@@ -212,19 +209,14 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                 if node.graph is not graph:
                     continue
                 domain = "" if node.domain == "ai.onnx" else node.domain
-                plan = plans.get((domain, node.op_type))
-                if plan is None:
-                    continue
                 candidates = []
                 feeding = None  # op types of the default-domain producers of the node's inputs
-                if CHECK_PROMISES:  # every pattern runs; a match outside its promise fails below
-                    feeding, tried = _feeding_ops(node), plan.rules
-                elif plan.keyed:
-                    feeding = _feeding_ops(node)
-                    tried = plan.for_feeding(feeding)
-                else:
-                    tried = plan.rules
-                for rule in tried:
+                for rule in by_op.get((domain, node.op_type), ()):
+                    if rule.input_ops:
+                        if feeding is None:
+                            feeding = _feeding_ops(node)
+                        if feeding.isdisjoint(rule.input_ops) and not CHECK_PROMISES:
+                            continue
                     m = rule.pattern(node)
                     if m is None:
                         continue
@@ -265,29 +257,6 @@ def apply_rules(model: ir.Model, rules: Sequence[Rule], *, max_sweeps: int = 50,
                 raise PassError(f"rewrite rules did not reach a fixpoint in {max_sweeps} sweeps; still "
                                 f"firing: {', '.join(sorted(fired_now))} (a dlcc bug: the rule set cycles)")
     return changed
-
-
-class _Plan:
-    """The rules of one root op, and which of them a node fed by given producer ops may match."""
-
-    def __init__(self, rules: list[Rule]) -> None:
-        self.rules = rules
-        self.free = [i for i, r in enumerate(rules) if not r.input_ops]
-        self.keyed: dict[str, list[int]] = {}
-        for i, r in enumerate(rules):
-            for op in r.input_ops:
-                self.keyed.setdefault(op, []).append(i)
-        self._memo: dict[frozenset[str], list[Rule]] = {}
-
-    def for_feeding(self, feeding: set[str]) -> list[Rule]:
-        key = frozenset(feeding)
-        tried = self._memo.get(key)
-        if tried is None:
-            picked = set(self.free)
-            for op in key:
-                picked.update(self.keyed.get(op, ()))
-            tried = self._memo[key] = [self.rules[i] for i in sorted(picked)]
-        return tried
 
 
 def _feeding_ops(node: ir.Node) -> set[str]:
