@@ -463,3 +463,54 @@ def test_immediate_refuses_an_operand_that_would_broadcast_the_rank_up() -> None
     assert ConstantParams()(model)
     assert "dlcc.immediate" not in model.graph.node(0).meta
     assert model.graph.node(1).meta["dlcc.immediate"] == {"input": 1, "value": 2.0}
+
+
+# node text, inputs (None: omitted), outputs requested ("" = omitted), opset
+_DIRECT_CASES = [
+    ('Gather <axis = 0> (a, b)', [np.arange(6, dtype=np.int64), np.array([4, 1])], ["y"], 17),
+    ('Concat <axis = 0> (a, b)', [np.arange(3, dtype=np.int64), np.array([7])], ["y"], 17),
+    ('Unsqueeze (a, b)', [np.arange(3.0, dtype=np.float32), np.array([0])], ["y"], 17),
+    ('Unsqueeze <axes = [1]> (a)', [np.arange(3.0, dtype=np.float32)], ["y"], 11),
+    ('Slice (a, b, c)', [np.arange(10, dtype=np.int64), np.array([2]), np.array([8])], ["y"], 17),
+    ('Clip (a, , c)', [np.linspace(-2, 2, 5).astype(np.float32), None, np.float32(1.0)], ["y"], 17),
+    ('TopK <axis = 0> (a, b)', [np.array([3.0, 1.0, 2.0], np.float32), np.array([2])], ["y", "z"], 17),
+    ('TopK <axis = 0> (a, b)', [np.array([3.0, 1.0, 2.0], np.float32), np.array([2])], ["", "z"], 17),
+    ('Split <axis = 0> (a, b)', [np.arange(5, dtype=np.int64), np.array([2, 3])], ["y", "z"], 17),
+    ('Range (a, b, c)', [np.int64(1), np.int64(9), np.int64(3)], ["y"], 17),
+    ('ConstantOfShape <value = float[1] {2.5}> (a)', [np.array([2, 3])], ["y"], 17),
+    ('Cast <to = 10> (a)', [np.linspace(0, 1, 4).astype(np.float32)], ["y"], 17),
+    ('Where (a, b, c)', [np.array([True, False]), np.float32([1, 2]), np.float32([3, 4])], ["y"], 17),
+    ('Dropout (a)', [np.float32([1, 2])], ["y", ""], 17),
+    ('LayerNormalization (a, b, c)', [np.float32([[1, 2, 4]]), np.float32([1, 1, 2]), np.float32([0, 1, 0])],
+     ["y"], 17),
+    ('Gelu (a)', [np.float32([-1, 0, 1])], ["y"], 20),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_DIRECT_CASES)))
+def test_direct_op_call_matches_the_reference_evaluator(case: int) -> None:
+    """fold calls onnx.reference's op implementations directly where it can; each gives what a
+    ReferenceEvaluator around the same node gives (ops defined as functions take the evaluator)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from dlcc.passes.fold import _op_instance
+
+    text, args, outs, opset = _DIRECT_CASES[case]
+    names = ["a", "b", "c"][:len(args)]
+    used = [n if a is not None else "" for n, a in zip(names, args, strict=True)]
+    call = text.split("(")[0] + "(" + ", ".join(used) + ")"
+    node = onnx.parser.parse_node(f"{', '.join(outs)} = {call}")
+    args = [None if a is None else np.asarray(a) for a in args]
+    graph = onnx.helper.make_graph([node], "g", [onnx.ValueInfoProto(name=n) for n in used if n],
+                                   [onnx.ValueInfoProto(name=o) for o in outs if o])
+    ev = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)]))
+    want = ev.run(None, {n: a for n, a in zip(names, args, strict=True) if a is not None})
+    op = _op_instance(node, opset)
+    if op is None:  # a function-defined op: the evaluator path is the only one
+        assert text.startswith("Gelu"), text  # (of these cases, only Gelu is a function in onnx.reference)
+        return
+    got = [r for r, o in zip(op.run(*args), outs, strict=False) if o]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        assert np.asarray(g).dtype == np.asarray(w).dtype

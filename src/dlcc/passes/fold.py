@@ -111,13 +111,17 @@ def _has_subgraph(node: ir.Node) -> bool:
 
 
 class _Evaluator:
-    """Runs one node with onnx.reference; one evaluator per (node form, opset, input dtypes), cached."""
+    """Runs one node with onnx.reference: its op implementation called directly (a ReferenceEvaluator
+    around a one-node model costs five times more), or such an evaluator for ops whose implementation
+    needs one (functions, context, type-dependent implementations); one per (node form, opset, input
+    dtypes), cached for the pass instance."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple, onnx.reference.ReferenceEvaluator] = {}
+        self._cache: dict[tuple, object] = {}
 
     def run(self, node: ir.Node, opset: int, args: list[np.ndarray | None]) -> list[np.ndarray | None]:
         from onnx.reference import ReferenceEvaluator
+        from onnx.reference.op_run import OpRun
 
         while args and args[-1] is None:
             args = args[:-1]
@@ -135,6 +139,8 @@ class _Evaluator:
         key = (proto.SerializeToString(deterministic=True), opset, elem)
         ev = self._cache.get(key)
         if ev is None:
+            ev = _op_instance(proto, opset)
+        if ev is None:
             inputs = []
             for name, t in zip(in_names, elem, strict=True):
                 if name:
@@ -145,13 +151,37 @@ class _Evaluator:
             graph = onnx.helper.make_graph([proto], "fold", inputs, outputs)
             one = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
             ev = ReferenceEvaluator(one)
-            if len(self._cache) >= _EVALUATOR_CACHE:
-                self._cache.clear()
-            self._cache[key] = ev
-        feeds = {n: a for n, a in zip(in_names, args, strict=True) if n}
+        if len(self._cache) >= _EVALUATOR_CACHE:
+            self._cache.clear()
+        self._cache[key] = ev
         with np.errstate(all="ignore"):
-            results = iter(ev.run(None, feeds))
+            if isinstance(ev, OpRun):  # inputs by position (None for an omitted one), every output back
+                res = ev.run(*args)
+                return [res[k] if n and k < len(res) else None for k, n in enumerate(out_names)]
+            results = iter(ev.run(None, {n: a for n, a in zip(in_names, args, strict=True) if n}))
         return [next(results) if n else None for n in out_names]
+
+
+def _op_instance(proto: onnx.NodeProto, opset: int):
+    """onnx.reference's implementation of a default-domain node, ready to run, or None when it needs a
+    ReferenceEvaluator around it (a function body, a subgraph or context, a type-dependent choice)."""
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import OpFunction, OpRun
+    from onnx.reference.ops import load_op
+
+    try:
+        cls = load_op("", proto.op_type, opset)
+    except Exception:  # unknown op or a context-dependent implementation: the evaluator decides
+        return None
+    if not isinstance(cls, type) or not issubclass(cls, OpRun) or issubclass(cls, OpFunction):
+        return None
+    params = {"log": lambda pattern, *args: None, "opsets": {"": opset}, "verbose": 0, "new_ops": None,
+              "existing_functions": {}, "evaluator_cls": ReferenceEvaluator}
+    try:
+        op = cls(proto, params)
+    except Exception:
+        return None
+    return None if op.need_context() or op.has_subgraph else op
 
 
 @dataclass
