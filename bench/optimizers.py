@@ -10,10 +10,11 @@ optimize, save), whether the outputs still match the original in onnxruntime (ma
 printed and written to docs/BENCHMARKS.md with the machine described.
 
 Wall time: the tools take turns (round-robin, so a slow spell of the machine hits all of them) and the best
-of --wall-repeat runs is kept; a full garbage collection runs before each timed run (untimed), so no run
-pays for, or profits from, what an earlier run of any tool left behind: without it, dlcc's uncollected
-object graphs keep the heap from being trimmed, and the next tool's allocations reuse that memory instead
-of faulting in fresh pages as they would in a process of their own.
+of at least --wall-repeat runs is kept (fast models get more turns, until each tool has run --wall-budget
+seconds, so their best run is as well sampled as a slow model's). A full garbage collection runs before
+each timed run (untimed), so no run pays for, or profits from, what an earlier run of any tool left
+behind: without it, dlcc's uncollected object graphs keep the heap from being trimmed, and the next tool's
+allocations reuse that memory instead of faulting in fresh pages as they would in a process of their own.
 
 Peers: onnxsim (simplify), onnxslim (slim), onnxoptimizer (default passes), onnxruntime's BASIC level
 saved offline. Run: ``make bench`` (or ``python bench/optimizers.py --models resnet50,vgg19``).
@@ -124,7 +125,11 @@ def latencies_ms(paths: dict[str, Path], feeds: dict, repeat: int) -> dict[str, 
     return {tool: statistics.median(ts) * 1e3 for tool, ts in times.items()}
 
 
-def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repeat: int = 3) -> list[dict]:
+MAX_TURNS = 61
+
+
+def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repeat: int = 3,
+                wall_budget: float = 0.0) -> list[dict]:
     src = work / f"{name}.onnx"
     onnx.save(light_model(name, seed=0) if name in LIGHT_MODELS else randomize(KIT_MODELS[name](), seed=0), src)
     nodes0 = len(onnx.load(src, load_external_data=False).graph.node)
@@ -135,7 +140,12 @@ def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repea
     # of the runs is kept
     seconds: dict[str, list[float]] = {tool: [] for tool in tools}
     failed: dict[str, str] = {}
-    for _ in range(wall_repeat):
+    # at least wall_repeat turns; fast models get more (until every tool has spent wall_budget seconds, at
+    # most MAX_TURNS turns), so the best run of a 15 ms optimization is as well sampled as a 2 s one
+    turns = 0
+    while turns < wall_repeat or (turns < MAX_TURNS and any(
+            sum(seconds[t]) < wall_budget for t in tools if t not in failed)):
+        turns += 1
         for tool in tools:
             if tool in failed:
                 continue
@@ -195,7 +205,8 @@ def render(rows: list[dict], tools: list[str]) -> str:
             cells.append("-" if n is None else f"{n}{'*' if ok and n == best else ''}{'' if ok else ' (mismatch)'}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\n### Optimization wall time in seconds (load + optimize + save in this process; the tools take "
-                 "turns, a full garbage collection before each run, best of --wall-repeat runs)\n")
+                 "turns, a full garbage collection before each run; best of at least --wall-repeat runs, more for "
+                 f"fast models: until each tool has run --wall-budget seconds, at most {MAX_TURNS} runs)\n")
     ratio = "dlcc" in tools and "onnxsim" in tools
     head = ["model"] + tools + (["dlcc / onnxsim"] if ratio else [])
     lines.append("| " + " | ".join(head) + " |")
@@ -239,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--repeat", type=int, default=10, help="latency runs per model (0 = skip latency)")
     parser.add_argument("--wall-repeat", type=int, default=11,
-                        help="optimization runs per tool, taken in turns (best is kept; the machine is noisy)")
+                        help="optimization runs per tool at least, taken in turns (best is kept; the machine is noisy)")
+    parser.add_argument("--wall-budget", type=float, default=1.5,
+                        help=f"more turns (up to {MAX_TURNS}) until each tool has run this many seconds")
     parser.add_argument("--no-write", action="store_true", help="print only; do not update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -248,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-            rows.extend(bench_model(name, Path(tmp), args.repeat, tools, args.wall_repeat))
+            rows.extend(bench_model(name, Path(tmp), args.repeat, tools, args.wall_repeat, args.wall_budget))
     table = render(rows, tools)
     print(table)
     if not args.no_write:
