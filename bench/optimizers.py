@@ -16,6 +16,9 @@ each timed run (untimed), so no run pays for, or profits from, what an earlier r
 behind: without it, dlcc's uncollected object graphs keep the heap from being trimmed, and the next tool's
 allocations reuse that memory instead of faulting in fresh pages as they would in a process of their own.
 
+Each model is measured in a fresh process of its own (one at a time), so its figures do not depend on the
+models measured before it.
+
 Peers: onnxsim (simplify), onnxslim (slim), onnxoptimizer (default passes), onnxruntime's BASIC level
 saved offline. Run: ``make bench`` (or ``python bench/optimizers.py --models resnet50,vgg19``).
 """
@@ -26,12 +29,14 @@ import argparse
 import contextlib
 import gc
 import io
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import onnx
@@ -258,10 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     tools = [t for t in args.tools.split(",") if t]
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    # one fresh process per model (one at a time): a model's figures must not depend on which models ran
+    # before it in the same process (their heap is what the next model's allocations find)
+    ctx = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=1, mp_context=ctx,
+                                                                    max_tasks_per_child=1) as pool:
         for name in models:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
-            rows.extend(bench_model(name, Path(tmp), args.repeat, tools, args.wall_repeat, args.wall_budget))
+            rows.extend(pool.submit(bench_model, name, Path(tmp), args.repeat, tools, args.wall_repeat,
+                                    args.wall_budget).result())
     table = render(rows, tools)
     print(table)
     if not args.no_write:

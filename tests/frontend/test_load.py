@@ -371,6 +371,33 @@ def test_minus_one_dims_are_dynamic_and_other_negatives_refused(tmp_path: Path) 
         dlcc.load(_with_input_dim(-7).SerializeToString())
 
 
+def _ir3_model(declared: list[int]) -> onnx.ModelProto:
+    """IR 3: the weight is also a graph input, declared with ``declared`` dims (it holds [4, 3])."""
+    w = onnx.numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "w")
+    g = oh.make_graph([oh.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                      [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4]),
+                       oh.make_tensor_value_info("w", onnx.TensorProto.FLOAT, declared)],
+                      [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])], [w])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 8)])
+    m.ir_version = 3
+    return m
+
+
+@pytest.mark.parametrize("declared", [[4, 3], [-1, 3]])
+def test_ir3_initializer_inputs_are_checked_then_stripped(declared: list[int]) -> None:
+    """Initializers listed as inputs (IR 3) are checked against their declared types, then dropped from the
+    inputs before the other checks (IR 4 from then on); -1 is a dynamic dim and fits; a real mismatch is a
+    load error; --keep-initializer-inputs keeps them as inputs."""
+    data = _ir3_model(declared).SerializeToString()
+    m = dlcc.load(data)
+    assert [v.name for v in m.graph.inputs] == ["x"] and m.ir_version == 4
+    assert m.meta["dlcc.ir_version_in"] == 3 and any("legacy IR 3" in n for n in notes(m))
+    kept = dlcc.load(data, keep_initializer_inputs=True)
+    assert [v.name for v in kept.graph.inputs] == ["x", "w"]
+    with pytest.raises(ModelLoadError, match="declared with dims \\[4, 4\\]"):
+        dlcc.load(_ir3_model([4, 4]).SerializeToString())
+
+
 def test_saved_loaded_initializers_equal_serialized_model(tmp_path: Path) -> None:
     """Small initializers that were loaded and not changed are written as their own proto bytes; the file
     still parses to what serialize_model gives (names, dims, dtypes, data)."""

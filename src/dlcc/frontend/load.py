@@ -485,8 +485,8 @@ def _checkable(proto: onnx.ModelProto, external: bool | None = None) -> onnx.Mod
 
 
 def _dims_fit(declared, dims) -> bool:
-    """Do the declared dims (``TensorShapeProto.dim``) fit the tensor's ``dims``? A dim without a value
-    fits any size (its default value 0 is only read when it differs)."""
+    """Do the declared dims (``TensorShapeProto.dim``) fit the tensor's ``dims``? A dim without a value, or
+    with -1 (some exporters' "dynamic"), fits any size (the default value 0 is only read when it differs)."""
     return len(declared) == len(dims) and all(
         d.dim_value == e or d.dim_value == -1 or not d.HasField("dim_value")
         for d, e in zip(declared, dims, strict=True))
