@@ -396,6 +396,10 @@ def test_ir3_initializer_inputs_are_checked_then_stripped(declared: list[int]) -
     assert [v.name for v in kept.graph.inputs] == ["x", "w"]
     with pytest.raises(ModelLoadError, match="declared with dims \\[4, 4\\]"):
         dlcc.load(_ir3_model([4, 4]).SerializeToString())
+    unlisted = _ir3_model(declared)  # IR 3 and an initializer that is not an input: still invalid
+    del unlisted.graph.input[1]
+    with pytest.raises(ModelLoadError, match="w in initializer but not in graph input"):
+        dlcc.load(unlisted.SerializeToString())
 
 
 def test_saved_loaded_initializers_equal_serialized_model(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ def load(
     _check_tensor_data(walk)  # also: initializers listed as inputs fit their declared types
     stripped = 0
     if proto is not source and not keep_initializer_inputs:  # ours to edit: strip before the checks below
+        _check_ir3_initializers(proto, walk)  # (the checker would, if it saw the IR 3 form)
         stripped = _strip_initializer_inputs(proto)  # (legacy IR 3 form; inputs cost at every step)
     unknown = _negative_dims(walk, fix=False)
     if unknown:
@@ -631,6 +632,19 @@ def _apply_value_info(graph: ir.Graph, shapes: list[tuple[str, int, list]]) -> N
                                      "which ONNX does not define", hint="re-export the model") from None
         if dims is not None and v.shape is None:
             v.shape = ir.Shape(dims)
+
+
+def _check_ir3_initializers(proto: onnx.ModelProto, walk: _Walk) -> None:
+    """IR < 4 requires every initializer to be a graph input too: what onnx's checker refuses in that form
+    before ``_strip_initializer_inputs`` turns the model into IR 4 (where that is no longer required)."""
+    if proto.ir_version >= 4:
+        return
+    for g in walk.graphs:
+        inputs = {i.name for i in g.input}
+        missing = next((t.name for t in g.initializer if t.name not in inputs), None)
+        if missing is not None:
+            raise ModelLoadError(f"the model is not valid ONNX: {missing} in initializer but not in graph input",
+                                 hint="fix or re-export the model")
 
 
 def _strip_initializer_inputs(proto: onnx.ModelProto) -> int:
