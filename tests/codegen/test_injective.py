@@ -103,17 +103,17 @@ def _run(model, feeds, out_index=0, pure=False):
 
 
 def _compile_and_call(src, arrays, oref):
-    tmp = tempfile.mkdtemp(prefix="dlcc-inj-")
-    digest = hashlib.sha256(src.encode()).hexdigest()[:16]
-    c_path, so_path = os.path.join(tmp, f"n{digest}.c"), os.path.join(tmp, f"n{digest}.so")
-    with open(c_path, "w") as f:
-        f.write(src)
-    proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=gnu11", "-Wall", "-o", so_path, c_path, "-lm"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + src
-    first = src[:src.index("void dlcc_node")].count("\n") + 1  # warnings in our function only
-    assert not [w for w in re.findall(r"\.c:(\d+):\d+: warning", proc.stderr) if int(w) >= first], proc.stderr
-    lib = ctypes.CDLL(so_path)
+    with tempfile.TemporaryDirectory(prefix="dlcc-inj-") as tmp:  # the loaded library outlives its file
+        digest = hashlib.sha256(src.encode()).hexdigest()[:16]
+        c_path, so_path = os.path.join(tmp, f"n{digest}.c"), os.path.join(tmp, f"n{digest}.so")
+        with open(c_path, "w") as f:
+            f.write(src)
+        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=gnu11", "-Wall", "-o", so_path, c_path, "-lm"],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr + src
+        first = src[:src.index("void dlcc_node")].count("\n") + 1  # warnings in our function only
+        assert not [w for w in re.findall(r"\.c:(\d+):\d+: warning", proc.stderr) if int(w) >= first], proc.stderr
+        lib = ctypes.CDLL(so_path)
     result = np.empty(oref.shape, dtype=oref.dtype)
     lib.dlcc_node.restype = None
     lib.dlcc_node(*[a.ctypes.data_as(ctypes.c_void_p) for a in [*arrays, result]])

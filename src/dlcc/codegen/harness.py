@@ -87,19 +87,19 @@ def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *,
     node = nodes[0]
     src, ins, packed = _source(node, m.graph)
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
-    tmp = tempfile.mkdtemp(prefix="dlcc-node-")
-    c_path = os.path.join(tmp, f"n{digest}.c")
-    so_path = os.path.join(tmp, f"n{digest}.so")
-    with open(c_path, "w") as f:
-        f.write(src)
-    if keep:
-        with open(keep, "w") as f:
+    with tempfile.TemporaryDirectory(prefix="dlcc-node-") as tmp:  # the loaded library outlives its file
+        c_path = os.path.join(tmp, f"n{digest}.c")
+        so_path = os.path.join(tmp, f"n{digest}.so")
+        with open(c_path, "w") as f:
             f.write(src)
-    proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=gnu11", "-o", so_path, c_path, "-lm"],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"cc failed:\n{proc.stderr}\n--- source ---\n{src}")
-    lib = ctypes.CDLL(so_path)
+        if keep:
+            with open(keep, "w") as f:
+                f.write(src)
+        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=gnu11", "-o", so_path, c_path, "-lm"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"cc failed:\n{proc.stderr}\n--- source ---\n{src}")
+        lib = ctypes.CDLL(so_path)
     arrays = []
     for v in ins:
         a = v.const_value.numpy() if v.const_value is not None else feeds[v.name]
