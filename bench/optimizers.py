@@ -16,6 +16,11 @@ each timed run (untimed), so no run pays for, or profits from, what an earlier r
 behind: without it, dlcc's uncollected object graphs keep the heap from being trimmed, and the next tool's
 allocations reuse that memory instead of faulting in fresh pages as they would in a process of their own.
 
+Each run writes a new output file: the previous run's output is removed first (untimed). A user runs a
+tool once per output; writing over the file the last turn left would time ext4's flush of a replaced file's
+delayed-allocation data (auto_da_alloc), which a tool that renames a finished file into place pays on every
+run (dlcc: 2-3 ms for 5 MB) and one that truncates the old file pays only now and then.
+
 Each model is measured in a fresh process of its own (one at a time), so its figures do not depend on the
 models measured before it.
 
@@ -154,10 +159,12 @@ def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repea
         for tool in tools:
             if tool in failed:
                 continue
+            dst = work / f"{name}.{tool}.onnx"
+            dst.unlink(missing_ok=True)  # every run writes a new file, as a user's one run does (docstring)
             gc.collect()  # every run starts from the same heap state (see the module docstring)
             t0 = time.perf_counter()
             try:
-                TOOLS[tool](src, work / f"{name}.{tool}.onnx")
+                TOOLS[tool](src, dst)
             except Exception as e:  # a peer failing on a model is a result, not a crash
                 failed[tool] = f"error: {type(e).__name__}"
                 continue
