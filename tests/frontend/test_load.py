@@ -460,3 +460,26 @@ def test_initializer_of_undefined_type_next_to_its_input_is_a_load_error() -> No
     m.graph.initializer[1].data_type = 0
     with pytest.raises(ModelLoadError, match=r"undefined \(0\)"):
         dlcc.load(m.SerializeToString())
+
+
+def test_tensor_bytes_counts_loaded_and_new_tensors() -> None:
+    """tensor_bytes reads a loaded tensor's size from its proto's dims and a new one's from its array: the
+    same figure as onnx_ir's nbytes, for every element type (4-bit types packed two to a byte)."""
+    import onnx_ir as ir
+
+    from dlcc.frontend.load import tensor_bytes
+
+    rng = np.random.default_rng(0)
+    arrays = {"f": rng.standard_normal((3, 5)).astype(np.float32), "h": np.ones((7,), np.float16),
+              "b": np.zeros((2, 3), bool), "l": np.arange(4, dtype=np.int64)}
+    graph = oh.make_graph([oh.make_node("Add", ["x", "f"], ["y"])], "g",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5])],
+                          [onnx.numpy_helper.from_array(a, k) for k, a in arrays.items()])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    loaded = dlcc.load(model.SerializeToString())
+    want = sum(v.const_value.nbytes for v in loaded.graph.initializers.values())
+    assert tensor_bytes(loaded) == want == sum(a.nbytes for a in arrays.values())
+    packed = ir.Value(name="q", const_value=ir.Tensor(np.array([1, 2, 3], np.int8), dtype=ir.DataType.INT4))
+    loaded.graph.register_initializer(packed)
+    assert tensor_bytes(loaded) == want + 2

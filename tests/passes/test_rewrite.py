@@ -175,3 +175,25 @@ def test_set_input_to_a_later_value_and_set_const_on_a_shared_value_are_bugs() -
     model.graph.outputs.append(k2.outputs[0])
     with pytest.raises(PassError, match="not an initializer only one node reads"):
         apply_rules(model, [_neg_into_mul("const")])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int16, np.uint16,
+                                   np.int32, np.uint32, np.int64, np.uint64, np.bool_])
+@pytest.mark.parametrize("shape", [(), (1,), (3, 4), (2, 0, 5)])
+def test_tensor_array_of_a_loaded_tensor_is_what_onnx_ir_decodes(dtype, shape) -> None:
+    """tensor_array decodes a loaded tensor's raw_data itself (faster than onnx_ir's numpy()): same values,
+    dtype and shape; a tensor stored in typed fields (no raw_data) still goes through onnx_ir."""
+    import onnx
+
+    from dlcc.passes.rewrite import tensor_array
+
+    rng = np.random.default_rng(0)
+    arr = (rng.standard_normal(shape) * 50).astype(dtype)
+    raw = ir.serde.TensorProtoTensor(ir.serde.serialize_tensor(ir.Tensor(arr, name="t")))
+    elem = onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
+    typed = ir.serde.TensorProtoTensor(onnx.helper.make_tensor("t", elem, shape, arr.reshape(-1).tolist()))
+    assert not typed.raw.HasField("raw_data")
+    for t in (raw, typed):
+        got, want = tensor_array(t), t.numpy()
+        assert got.dtype == want.dtype and got.shape == want.shape == arr.shape
+        np.testing.assert_array_equal(got, arr)

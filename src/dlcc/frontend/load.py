@@ -904,7 +904,21 @@ def _small_tensor_bytes(v: ir.Value) -> bytes:
 def _streamable(v: ir.Value) -> bool:
     t = v.const_value
     return (t is not None and not isinstance(t, ir.ExternalTensor) and t.dtype in _STREAMABLE
-            and t.nbytes >= _STREAM_MIN_BYTES and v.name is not None)
+            and _nbytes(t) >= _STREAM_MIN_BYTES and v.name is not None)
+
+
+def _nbytes(t: ir.TensorProtocol) -> int:
+    """``t.nbytes``; for a loaded tensor of a fixed-size type, from its proto's dims (onnx_ir builds a Shape
+    and a DataType for every call: 10x slower, and saving asks for every initializer)."""
+    kind = type(t)
+    if kind is ir.serde.TensorProtoTensor:
+        proto = t.raw
+        size = _ITEMSIZE.get(proto.data_type)
+        if size is not None:
+            return math.prod(proto.dims) * size
+    elif kind is ir.Tensor and t.dtype in _STREAMABLE:  # one element per item: the array's own size
+        return t.numpy().nbytes
+    return t.nbytes
 
 
 def _tag(field: int) -> bytes:
@@ -933,7 +947,7 @@ def tensor_bytes(model: ir.Model) -> int:
     for g in all_graphs(model.graph):
         for v in g.initializers.values():
             if v.const_value is not None:
-                total += v.const_value.nbytes
+                total += _nbytes(v.const_value)
     return total
 
 
