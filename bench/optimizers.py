@@ -24,6 +24,10 @@ run (dlcc: 2-3 ms for 5 MB) and one that truncates the old file pays only now an
 Each model is measured in a fresh process of its own (one at a time), so its figures do not depend on the
 models measured before it.
 
+Command-line wall time: each tool's command (``dlcc optimize IN OUT``, ``onnxsim IN OUT``, ``onnxslim IN OUT``,
+``python -m onnxoptimizer IN OUT``) run --cli-repeat times in turns, a fresh process each run, best kept: what a
+user waits for, interpreter start and imports included (onnxruntime's BASIC level has no command line).
+
 Peers: onnxsim (simplify), onnxslim (slim), onnxoptimizer (default passes), onnxruntime's BASIC level
 saved offline. Run: ``make bench`` (or ``python bench/optimizers.py --models resnet50,vgg19``).
 """
@@ -37,6 +41,7 @@ import io
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,6 +116,41 @@ TOOLS: dict[str, Callable[[Path, Path], None]] = {
 }
 
 
+BIN = Path(sys.executable).parent
+
+# the command a user types, per tool that has one (onnxruntime's offline optimization is an API, not a CLI)
+CLI: dict[str, Callable[[Path, Path], list[str]]] = {
+    "dlcc": lambda src, dst: [str(BIN / "dlcc"), "optimize", str(src), str(dst)],
+    "onnxsim": lambda src, dst: [str(BIN / "onnxsim"), str(src), str(dst)],
+    "onnxslim": lambda src, dst: [str(BIN / "onnxslim"), str(src), str(dst)],
+    "onnxoptimizer": lambda src, dst: [sys.executable, "-m", "onnxoptimizer", str(src), str(dst)],
+}
+
+
+def cli_seconds(src: Path, work: Path, tools: list[str], repeat: int) -> dict[str, float | str]:
+    """Best wall time of each tool's command line over ``repeat`` runs taken in turns: a fresh process per
+    run (interpreter start, imports, load, optimize, save), writing a new file each time; a tool whose
+    command fails gets the error instead."""
+    best: dict[str, float | str] = {}
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for _ in range(repeat):
+        for tool in tools:
+            if tool not in CLI or isinstance(best.get(tool), str):
+                continue
+            dst = work / f"{src.stem}.{tool}.cli.onnx"
+            dst.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            done = subprocess.run(CLI[tool](src, dst), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=env, check=False)
+            seconds = time.perf_counter() - t0
+            if done.returncode != 0 or not dst.exists():
+                best[tool] = f"error (exit {done.returncode})"
+                continue
+            best[tool] = min(seconds, best.get(tool, seconds))
+            dst.unlink()
+    return best
+
+
 def latencies_ms(paths: dict[str, Path], feeds: dict, repeat: int) -> dict[str, float]:
     """Median latency per model file, measured round-robin (one run of each in turn) so that a noisy
     moment of the machine hits every tool alike."""
@@ -139,7 +179,7 @@ MAX_TURNS = 61
 
 
 def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repeat: int = 3,
-                wall_budget: float = 0.0) -> list[dict]:
+                wall_budget: float = 0.0, cli_repeat: int = 0) -> list[dict]:
     src = work / f"{name}.onnx"
     onnx.save(light_model(name, seed=0) if name in LIGHT_MODELS else randomize(KIT_MODELS[name](), seed=0), src)
     nodes0 = len(onnx.load(src, load_external_data=False).graph.node)
@@ -189,6 +229,10 @@ def bench_model(name: str, work: Path, repeat: int, tools: list[str], wall_repea
         row["latency_ms"] = None
         row["path"] = dst
         rows.append(row)
+    if cli_repeat:
+        cli = cli_seconds(src, work, tools, cli_repeat)
+        for r in rows:
+            r["cli"] = cli.get(r["tool"])
     if repeat:
         timed = {r["tool"]: r["path"] for r in rows if r.get("path") and r["match"] in ("yes", "-")}
         lat = latencies_ms(timed, feeds, repeat)
@@ -233,6 +277,20 @@ def render(rows: list[dict], tools: list[str]) -> str:
             a, b = r.get("dlcc", {}).get("seconds"), r.get("onnxsim", {}).get("seconds")
             cells.append(f"{a / b:.2f}" if a and b else "-")
         lines.append("| " + " | ".join(cells) + " |")
+    cli_tools = [t for t in tools if t in CLI and any(r.get(t, {}).get("cli") is not None for r in by_model.values())]
+    if cli_tools:
+        lines.append("\n### Command-line wall time in seconds (what a user waits for: a fresh process per run, "
+                     "so interpreter start and imports count too; best of --cli-repeat runs taken in turns)\n")
+        head = ["model"] + [f"`{t}` CLI" for t in cli_tools] + (["dlcc / onnxsim"] if ratio else [])
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for model, r in by_model.items():
+            vals = {t: r.get(t, {}).get("cli") for t in cli_tools}
+            cells = [model] + ["-" if v is None else v if isinstance(v, str) else f"{v:.3g}" for v in vals.values()]
+            if ratio:
+                a, b = vals.get("dlcc"), vals.get("onnxsim")
+                cells.append(f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) else "-")
+            lines.append("| " + " | ".join(cells) + " |")
     head = ["model"] + tools
     lines.append("\n### Outputs match the original (rtol 1e-4 of each output's scale, atol 1e-6)\n")
     lines.append("| " + " | ".join(head) + " |")
@@ -265,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="optimization runs per tool at least, taken in turns (best is kept; the machine is noisy)")
     parser.add_argument("--wall-budget", type=float, default=1.5,
                         help=f"more turns (up to {MAX_TURNS}) until each tool has run this many seconds")
+    parser.add_argument("--cli-repeat", type=int, default=3,
+                        help="command-line runs per tool (a fresh process each; 0 = skip)")
     parser.add_argument("--no-write", action="store_true", help="print only; do not update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -278,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in models:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             rows.extend(pool.submit(bench_model, name, Path(tmp), args.repeat, tools, args.wall_repeat,
-                                    args.wall_budget).result())
+                                    args.wall_budget, args.cli_repeat).result())
     table = render(rows, tools)
     print(table)
     if not args.no_write:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections import Counter
 from collections.abc import Hashable
 
 import numpy as np
@@ -134,40 +135,7 @@ class CommonSubexpressionElimination(Pass):
         return changed
 
     def _initializers(self, graph: ir.Graph) -> bool:
-        # bucket by dtype and shape first: only tensors that share both are hashed (weights rarely do)
-        by_type: dict[tuple, list[tuple[str, ir.Value]]] = {}
-        for name, v in graph.initializers.items():
-            t = v.const_value
-            if t is None or t.dtype == ir.DataType.STRING or v.is_graph_input() or v.is_graph_output():
-                continue
-            by_type.setdefault((t.dtype, tuple(t.shape)), []).append((name, v))
-        changed = False
-        for group in by_type.values():
-            if len(group) < 2:
-                continue
-            # 128 bytes from the start, the middle and the end tell random weights apart without decoding them
-            samples: dict[bytes, list[tuple[str, ir.Value]]] = {}
-            for name, v in group:
-                samples.setdefault(_sample(v.const_value), []).append((name, v))
-            changed |= self._merge_equal([g for g in samples.values() if len(g) > 1], graph)
-        return changed
-
-    def _merge_equal(self, groups: list[list[tuple[str, ir.Value]]], graph: ir.Graph) -> bool:
-        changed = False
-        for group in groups:
-            buckets: dict[bytes, list[tuple[ir.Value, bytes]]] = {}
-            for name, v in group:
-                data = v.const_value.tobytes()
-                same = buckets.setdefault(hashlib.blake2b(data, digest_size=16).digest(), [])
-                kept = next((k for k, kdata in same if kdata == data), None)
-                if kept is None:
-                    same.append((v, data))
-                    continue
-                v.replace_all_uses_with(kept)
-                del graph.initializers[name]
-                self.fired["merge-initializer"] += 1
-                changed = True
-        return changed
+        return merge_initializers(graph, self.fired)
 
     def _nodes(self, graph: ir.Graph) -> bool:
         changed = False
@@ -194,3 +162,56 @@ class CommonSubexpressionElimination(Pass):
             self.fired["merge-node"] += 1
             changed = True
         return changed
+
+
+def merge_initializers(graph: ir.Graph, fired: Counter) -> bool:
+    """Merge the initializers of ``graph`` that hold equal tensors (same dtype, shape and bytes); counts each
+    merge as ``merge-initializer`` in ``fired``. Returns whether any was merged."""
+    # bucket by dtype and shape first: only tensors that share both are sampled (weights rarely do)
+    by_type: dict[tuple, list[tuple[str, ir.Value]]] = {}
+    for name, v in graph.initializers.items():
+        t = v.const_value
+        if t is None or v.is_graph_input() or v.is_graph_output():
+            continue
+        key = _type_key(t)
+        if key is not None:
+            by_type.setdefault(key, []).append((name, v))
+    changed = False
+    for group in by_type.values():
+        if len(group) < 2:
+            continue
+        # 128 bytes from the start, the middle and the end tell random weights apart without decoding them
+        samples: dict[bytes, list[tuple[str, ir.Value]]] = {}
+        for name, v in group:
+            samples.setdefault(_sample(v.const_value), []).append((name, v))
+        for same_sample in samples.values():
+            if len(same_sample) > 1:
+                changed |= _merge_equal(same_sample, graph, fired)
+    return changed
+
+
+def _type_key(t) -> tuple | None:
+    """(element type, dims) of a tensor that may be merged by value; None for strings. A loaded tensor's are
+    read from its proto (onnx_ir builds a DataType and a Shape per call)."""
+    if type(t) is ir.serde.TensorProtoTensor:
+        proto = t.raw
+        return None if proto.data_type == onnx.TensorProto.STRING else (proto.data_type, tuple(proto.dims))
+    dtype = t.dtype
+    return None if dtype == ir.DataType.STRING else (int(dtype), tuple(t.shape))
+
+
+def _merge_equal(group: list[tuple[str, ir.Value]], graph: ir.Graph, fired: Counter) -> bool:
+    changed = False
+    buckets: dict[bytes, list[tuple[ir.Value, bytes]]] = {}
+    for name, v in group:
+        data = v.const_value.tobytes()
+        same = buckets.setdefault(hashlib.blake2b(data, digest_size=16).digest(), [])
+        kept = next((k for k, kdata in same if kdata == data), None)
+        if kept is None:
+            same.append((v, data))
+            continue
+        v.replace_all_uses_with(kept)
+        del graph.initializers[name]
+        fired["merge-initializer"] += 1
+        changed = True
+    return changed
