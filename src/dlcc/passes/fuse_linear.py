@@ -128,10 +128,11 @@ def _linear(node: ir.Node) -> _Linear | str:
 def _bn_inference(bn: ir.Node) -> str | None:
     if len(bn.outputs) != 1:
         return "training-mode BatchNormalization (several outputs)"
-    if attr(bn, "training_mode", 0) or attr(bn, "is_test", 1) == 0:
-        return "training-mode BatchNormalization"
-    if attr(bn, "spatial", 1) == 0:
-        return "BatchNormalization with spatial=0"
+    if any(k != "epsilon" and k != "momentum" for k in bn.attributes):  # the mode flags are rarely set
+        if attr(bn, "training_mode", 0) or attr(bn, "is_test", 1) == 0:
+            return "training-mode BatchNormalization"
+        if attr(bn, "spatial", 1) == 0:
+            return "BatchNormalization with spatial=0"
     return None
 
 
@@ -184,7 +185,7 @@ def _consumer_affine(node: ir.Node, m: dict, rank: int, axis: int,
         st = _binary_affine(node, m, rank, axis, channels)
     if isinstance(st, str):
         return st
-    if any(v is not None and not np.all(np.isfinite(v)) for v in st):
+    if any(v is not None and not np.isfinite(v).all() for v in st):
         return "folded values are not finite"
     return st
 
