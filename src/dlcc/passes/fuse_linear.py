@@ -141,7 +141,7 @@ def _bn_affine(bn: ir.Node, channels: int) -> tuple[np.ndarray, np.ndarray] | st
     why = _bn_inference(bn)
     if why:
         return why
-    params = [const_array(v) for v in bn.inputs[1:5]]
+    params = [const_array(v, cache=False) for v in bn.inputs[1:5]]  # read once: the BN is folded away
     for c, what in zip(params, ("scale", "bias", "mean", "variance"), strict=True):
         if c is None:
             return f"BatchNormalization {what} is not a constant"

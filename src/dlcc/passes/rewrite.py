@@ -516,26 +516,28 @@ def _decode(t: ir.TensorProtocol) -> np.ndarray:
     return t.numpy()
 
 
-def tensor_array(t: ir.TensorProtocol) -> np.ndarray:
-    """``t.numpy()``, cached for small tensors that are not numpy-backed already. Callers must not write
+def tensor_array(t: ir.TensorProtocol, cache: bool = True) -> np.ndarray:
+    """``t.numpy()``, cached for small tensors that are not numpy-backed already (``cache=False``: a tensor
+    read once, e.g. the parameters of a BatchNormalization that is folded away). Callers must not write
     into the result (true of ``numpy()`` on an ``ir.Tensor`` too: it is the tensor's own array)."""
     if type(t) is ir.Tensor:  # not isinstance: ir.Tensor derives from a Protocol (slow instance checks)
         return t.numpy()
     arr = _DECODED.get(t)
     if arr is None:
         arr = _decode(t)
-        if arr.nbytes <= _DECODE_CACHE_BYTES:
+        if cache and arr.nbytes <= _DECODE_CACHE_BYTES:
             arr.flags.writeable = False
             _DECODED[t] = arr
     return arr
 
 
-def const_array(v: ir.Value | None) -> np.ndarray | None:
-    """The value's constant data (initializer or Constant node output), or None."""
+def const_array(v: ir.Value | None, cache: bool = True) -> np.ndarray | None:
+    """The value's constant data (initializer or Constant node output), or None; ``cache``: see
+    ``tensor_array``."""
     if v is None or v.is_graph_input():  # an initializer that is also an input can be overridden
         return None
     if v.const_value is not None:
-        return tensor_array(v.const_value)
+        return tensor_array(v.const_value, cache)
     p = v.producer()
     if p is not None and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
         t = ir.convenience.get_const_tensor(v)
