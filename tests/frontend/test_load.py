@@ -483,3 +483,61 @@ def test_tensor_bytes_counts_loaded_and_new_tensors() -> None:
     packed = ir.Value(name="q", const_value=ir.Tensor(np.array([1, 2, 3], np.int8), dtype=ir.DataType.INT4))
     loaded.graph.register_initializer(packed)
     assert tensor_bytes(loaded) == want + 2
+
+
+@pytest.mark.parametrize("odd", [None, "tensor-attr", "subgraph", "node-doc", "quant"])
+def test_saved_nodes_equal_serialized(tmp_path: Path, odd) -> None:
+    """save() encodes plain nodes itself (every plain attribute kind, negative and 64-bit ints, missing
+    optional inputs, unused trailing outputs, names and domains): the file parses to onnx_ir's serialization;
+    a node onnx_ir writes more about (a tensor attribute, a subgraph, a doc string) or a quantization
+    annotation leaves the graph to onnx_ir."""
+    import onnx_ir as ir
+
+    model = ir.from_onnx_text("""
+    <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[64,64] x, bool c) => (float[64,64] y, float[64,64] z) {
+        a = Add(x, big)
+        p = Pad <mode = "reflect"> (a, pads, )
+        y, mask = Dropout(p)
+        z = com.microsoft.Custom <i = -7, j = 9000000000, f = -2.5, s = "text", ints = [-1, 0, 1],
+                                  floats = [0.5, -3.25], strings = ["a", "bc"]> (a)
+    }
+    """)
+    big = ir.Value(name="big", const_value=ir.Tensor(np.ones((64, 64), np.float32), name="big"))
+    pads = ir.Value(name="pads", const_value=ir.Tensor(np.zeros(4, np.int64), name="pads"))
+    for v in (big, pads):
+        model.graph.register_initializer(v)
+        for node in model.graph:
+            for i, inp in enumerate(node.inputs):
+                if inp is not None and inp.name == v.name and inp is not v:
+                    node.replace_input_with(i, v)
+    nodes = list(model.graph)
+    nodes[0].name = "first"
+    drop = nodes[2]
+    drop.outputs[1].name = ""  # an unused optional output: left out of the file
+    nodes[3].attributes["empty"] = ir.AttrInt64s("empty", [])
+    nodes[1].resize_inputs(3)  # a missing optional input (constant_value): written as ""
+    if odd == "tensor-attr":
+        nodes[3].attributes["t"] = ir.AttrTensor("t", ir.tensor(np.float32([1, 2])))
+    elif odd == "subgraph":
+        branches = []
+        for name in ("then", "else"):
+            one = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(np.float32(1)))],
+                          outputs=[ir.Value(name=f"{name}_one")])
+            branches.append(ir.Graph([], one.outputs, nodes=[one], name=name))
+        model.graph.append(ir.Node("", "If", [model.graph.inputs[1]], [ir.AttrGraph("then_branch", branches[0]),
+                                                                       ir.AttrGraph("else_branch", branches[1])],
+                                   outputs=[ir.Value(name="unused")]))
+    elif odd == "node-doc":
+        nodes[1].doc_string = "pad it"
+    elif odd == "quant":
+        nodes[0].outputs[0].meta["quant_parameter_tensor_names"] = {"SCALE_TENSOR": "big"}
+    from dlcc.frontend.load import _node_entries
+
+    assert (_node_entries(model.graph) is None) == (odd in ("tensor-attr", "subgraph", "node-doc"))
+    got = _saved_equals_serialized(model, tmp_path / "nodes.onnx")
+    assert [n.op_type for n in got.graph.node][:4] == ["Add", "Pad", "Dropout", "Custom"]
+    assert list(got.graph.node[2].output) == ["y"]
+    assert list(got.graph.node[1].input) == ["a", "pads", ""]
+    if odd == "quant":
+        assert [a.tensor_name for a in got.graph.quantization_annotation] == ["a"]

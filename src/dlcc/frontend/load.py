@@ -21,6 +21,7 @@ import contextlib
 import math
 import os
 import shutil
+import struct
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -788,19 +789,35 @@ def _save_inline(model: ir.Model, path: Path) -> None:
         with open(path, "wb") as f:
             f.write(ir.serde.serialize_model(model).SerializeToString())
         return
+    if any(_QUANT in v.meta for v in _all_values(graph)):  # annotations onnx_ir writes beside each value
+        with open(path, "wb") as f:
+            f.write(ir.serde.serialize_model(model).SerializeToString())
+        return
     typed = _plain_value_info(graph)
-    graph.initializers.clear()  # every initializer is written after the skeleton, in the model's order
-    for v, _, _ in typed:  # their value_info is encoded below (onnx_ir's field-by-field path is slower)
-        v.type, v.shape = None, None
-    try:
-        proto = ir.serde.serialize_model(model)
-    finally:
-        graph.initializers.clear()
-        for v in order:
-            graph.initializers.add(v)
-        for v, t, shape in typed:
-            v.type, v.shape = t, shape
-    graph_bytes = proto.graph.SerializeToString() + _value_info_entries(typed)
+    nodes = _node_entries(graph) if typed is not None else None
+    if nodes is not None:  # the graph's other fields from onnx_ir: a view of the graph without its nodes
+        model.graph = ir.GraphView(graph.inputs, graph.outputs, nodes=(), doc_string=graph.doc_string,
+                                   opset_imports=graph.opset_imports, name=graph.name,
+                                   metadata_props=dict(graph.metadata_props) or None)
+        try:
+            proto = ir.serde.serialize_model(model)
+        finally:
+            model.graph = graph
+        graph_bytes = nodes + proto.graph.SerializeToString() + _value_info_entries(typed)
+    else:
+        typed = typed or []
+        graph.initializers.clear()  # every initializer is written after the skeleton, in the model's order
+        for v, _, _ in typed:  # their value_info is encoded below (onnx_ir's field-by-field path is slower)
+            v.type, v.shape = None, None
+        try:
+            proto = ir.serde.serialize_model(model)
+        finally:
+            graph.initializers.clear()
+            for v in order:
+                graph.initializers.add(v)
+            for v, t, shape in typed:
+                v.type, v.shape = t, shape
+        graph_bytes = proto.graph.SerializeToString() + _value_info_entries(typed)
     proto.ClearField("graph")
     entries = []
     for v in order:
@@ -824,10 +841,10 @@ def _save_inline(model: ir.Model, path: Path) -> None:
             f.write(memoryview(data))
 
 
-def _plain_value_info(graph: ir.Graph) -> list[tuple[ir.Value, ir.TensorType, ir.Shape | None]]:
+def _plain_value_info(graph: ir.Graph) -> list[tuple[ir.Value, ir.TensorType, ir.Shape | None]] | None:
     """The node outputs onnx_ir would write a value_info for, with their types and shapes, when every one
     is a named plain tensor (no denotation, doc string or metadata, dims that are ints >= 0 or symbols);
-    else [] (then onnx_ir writes them all, so the order stays its own)."""
+    else None (then onnx_ir writes them all, so the order stays its own)."""
     out = []
     for node in graph:
         for v in node.outputs:
@@ -836,7 +853,7 @@ def _plain_value_info(graph: ir.Graph) -> list[tuple[ir.Value, ir.TensorType, ir
                 continue
             if (type(t) is not ir.TensorType or t.denotation or not v.name or v.metadata_props or v.doc_string
                     or (shape is not None and not _plain_dims(shape))):
-                return []
+                return None
             out.append((v, t, shape))
     return out
 
@@ -862,6 +879,119 @@ def _value_info_entries(typed: list[tuple[ir.Value, ir.TensorType, ir.Shape | No
         info = b"\x0a" + _varint(len(name)) + name + b"\x12" + _varint(len(type_bytes)) + type_bytes
         out.append(_tag(13) + _varint(len(info)) + info)
     return b"".join(out)
+
+
+_QUANT = "quant_parameter_tensor_names"  # onnx_ir's meta key for a value's TensorAnnotation
+_INT64 = range(-(1 << 63), 1 << 63)
+_FLOAT32 = struct.Struct("<f")
+
+
+def _all_values(graph: ir.Graph) -> Iterator[ir.Value]:
+    yield from graph.inputs
+    yield from graph.initializers.values()
+    for node in graph:
+        yield from node.outputs
+
+
+def _node_entries(graph: ir.Graph) -> bytes | None:
+    """``GraphProto.node`` (field 1) entries of every node, encoded as onnx_ir would (same fields, protobuf's
+    field order); None when some node needs what only onnx_ir writes (subgraphs, tensors, references,
+    doc strings, metadata, device configurations). 3x cheaper than onnx_ir's field-by-field building."""
+    out = []
+    for node in graph:
+        body = _node_bytes(node)
+        if body is None:
+            return None
+        out.append(b"\x0a" + _varint(len(body)) + body)
+    return b"".join(out)
+
+
+def _text(tag: bytes, s: str) -> bytes:
+    b = s.encode()
+    return tag + _varint(len(b)) + b
+
+
+def _node_bytes(node: ir.Node) -> bytes | None:
+    if node.overload or node.doc_string or node.metadata_props or getattr(node, "device_configurations", None):
+        return None
+    parts = []
+    for v in node.inputs:  # NodeProto.input (1); a missing optional input is ""
+        if v is None:
+            parts.append(b"\x0a\x00")
+        elif v.name is None:
+            return None
+        else:
+            parts.append(_text(b"\x0a", v.name))
+    outputs = list(node.outputs)
+    while outputs and not outputs[-1].name:  # trailing unnamed (unused optional) outputs are left out
+        outputs.pop()
+    for v in outputs:  # NodeProto.output (2)
+        if v.name is None:
+            return None
+        parts.append(_text(b"\x12", v.name))
+    if node.name:
+        parts.append(_text(b"\x1a", node.name))  # name (3)
+    parts.append(_text(b"\x22", node.op_type))  # op_type (4)
+    for a in node.attributes.values():  # attribute (5)
+        kind = a.type
+        key = None
+        if kind in _CACHED and not a.doc_string and not a.is_ref():
+            key = (a.name, kind, a.value if kind is ir.AttributeType.INT or kind is ir.AttributeType.STRING
+                   else tuple(a.value))
+            entry = _ATTR_ENTRIES.get(key)
+            if entry is not None:
+                parts.append(entry)
+                continue
+        body = _attr_bytes(a)
+        if body is None:
+            return None
+        entry = b"\x2a" + _varint(len(body)) + body
+        if key is not None:
+            if len(_ATTR_ENTRIES) > 4096:
+                _ATTR_ENTRIES.clear()
+            _ATTR_ENTRIES[key] = entry
+        parts.append(entry)
+    if node.domain:
+        parts.append(_text(b"\x3a", node.domain))  # domain (7)
+    return b"".join(parts)
+
+
+# encoded int and string attribute entries by (name, type, value): models repeat the same few (strides, pads,
+# axes...), and encoding one costs 10x its lookup. Not floats: 0.0 and -0.0 are equal keys, not equal bytes
+_ATTR_ENTRIES: dict[tuple, bytes] = {}
+_CACHED = frozenset({ir.AttributeType.INT, ir.AttributeType.INTS, ir.AttributeType.STRING,
+                     ir.AttributeType.STRINGS})
+
+
+def _attr_bytes(a: ir.Attr) -> bytes | None:
+    """An encoded ``AttributeProto`` of a plain attribute (numbers, strings and lists of them), or None."""
+    if a.is_ref() or a.doc_string:
+        return None
+    kind, v = a.type, a.value
+    A = ir.AttributeType
+    try:
+        if kind == A.INT:
+            if v not in _INT64:
+                return None
+            body = b"\x18" + _varint(v & 0xFFFFFFFFFFFFFFFF)  # i (3): a negative int64 is 10 bytes
+        elif kind == A.FLOAT:
+            body = b"\x15" + _FLOAT32.pack(v)  # f (2), fixed32
+        elif kind == A.STRING:
+            raw = v if type(v) is bytes else v.encode()
+            body = b"\x22" + _varint(len(raw)) + raw  # s (4)
+        elif kind == A.INTS:
+            if any(x not in _INT64 for x in v):
+                return None
+            body = b"".join([b"\x40" + _varint(x & 0xFFFFFFFFFFFFFFFF) for x in v])  # ints (8), unpacked (proto2)
+        elif kind == A.FLOATS:
+            body = b"".join([b"\x3d" + _FLOAT32.pack(x) for x in v])  # floats (7), unpacked
+        elif kind == A.STRINGS:
+            body = b"".join([_text(b"\x4a", x) for x in v])  # strings (9)
+        else:
+            return None
+    except (OverflowError, TypeError, struct.error):  # what onnx_ir would refuse or round: let it decide
+        return None
+    return _text(b"\x0a", a.name) + body + b"\xa0\x01" + _varint(int(kind))  # name (1), ..., type (20)
 
 
 def _tensor_type_bytes(elem: int, shape: ir.Shape | None) -> bytes:
@@ -925,7 +1055,12 @@ def _tag(field: int) -> bytes:
     return _varint(field << 3 | 2)  # wire type 2: length-delimited
 
 
+_SMALL_VARINTS = [bytes([n]) for n in range(128)]
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 128:
+        return _SMALL_VARINTS[n]
     out = bytearray()
     while True:
         b = n & 0x7F
