@@ -785,11 +785,8 @@ def _save_inline(model: ir.Model, path: Path) -> None:
     """
     graph = model.graph
     order = list(graph.initializers.values())
-    if sys.byteorder != "little" or not any(_streamable(v) for v in order):
-        with open(path, "wb") as f:
-            f.write(ir.serde.serialize_model(model).SerializeToString())
-        return
-    if any(_QUANT in v.meta for v in _all_values(graph)):  # annotations onnx_ir writes beside each value
+    if (sys.byteorder != "little" or not any(_streamable(v) for v in order)
+            or any(_QUANT in v.meta for v in _all_values(graph))):  # (annotations onnx_ir writes beside values)
         with open(path, "wb") as f:
             f.write(ir.serde.serialize_model(model).SerializeToString())
         return
