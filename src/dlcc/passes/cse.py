@@ -130,12 +130,9 @@ class CommonSubexpressionElimination(Pass):
     def run(self, model: ir.Model) -> bool:
         changed = False
         for graph in all_graphs(model.graph):
-            changed |= self._initializers(graph)
+            changed |= merge_initializers(graph, self.fired)
             changed |= self._nodes(graph)
         return changed
-
-    def _initializers(self, graph: ir.Graph) -> bool:
-        return merge_initializers(graph, self.fired)
 
     def _nodes(self, graph: ir.Graph) -> bool:
         changed = False
