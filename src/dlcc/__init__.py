@@ -4,7 +4,8 @@ Public API: ``load``, ``save``, ``optimize``, ``compile``; the CLI is ``dlcc`` (
 """
 
 from dlcc.errors import DlccError
-from dlcc.frontend.load import load, save
+from dlcc.frontend.load import load
+from dlcc.frontend.save import save
 
 __version__ = "0.1.0"
 

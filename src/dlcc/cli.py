@@ -91,7 +91,7 @@ def _print_notes(model) -> None:
 
 def cmd_optimize(args: argparse.Namespace) -> int:
     from dlcc.api import optimize
-    from dlcc.frontend.load import save
+    from dlcc.frontend.save import save
 
     shapes = _input_shapes(args.input_shape)
     t0 = time.perf_counter()
@@ -155,18 +155,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _run_bundle(path: Path, feeds: dict, bench: int) -> tuple[dict, float | None]:
+    import errno
     import re
     import subprocess
     import tempfile
 
     import numpy as np
 
-    from dlcc.build.bundle import build_bundle, read_manifest
+    from dlcc.build.bundle import build_bundle, check_runnable, not_runnable, read_manifest
 
     manifest = read_manifest(path)
     exe = path / "model"
     if not exe.exists():
         exe = build_bundle(path)
+    check_runnable(path)
     with tempfile.TemporaryDirectory(prefix="dlcc-run-") as tmp:
         files = []
         for i, spec in enumerate(manifest["inputs"]):
@@ -174,7 +176,12 @@ def _run_bundle(path: Path, feeds: dict, bench: int) -> tuple[dict, float | None
             np.save(f, np.ascontiguousarray(feeds[spec["name"]]))
             files.append(str(f))
         cmd = [str(exe), "-q", "-o", tmp, *(["-n", str(bench)] if bench else []), *files]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            if e.errno == errno.ENOEXEC:
+                raise not_runnable(path, None) from None
+            raise DlccError(f"cannot run '{exe}': {e.strerror}", hint=f"rebuild it: make -C {path}") from None
         if proc.returncode != 0:
             raise DlccError(f"the bundle failed: {proc.stderr.strip()}")
         outs = {spec["name"]: np.load(Path(tmp) / spec["file"]) for spec in manifest["outputs"]}
@@ -227,7 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out_dir = Path(args.save)
         if not out_dir.is_dir():
             raise DlccError(f"--save folder '{out_dir}' does not exist", hint="create it first")
-        from dlcc.frontend.load import atomic_output
+        from dlcc.frontend.save import atomic_output
 
         for i, (name, a) in enumerate(outs.items()):
             with atomic_output(out_dir / f"output{i}.npy", "wb") as f:

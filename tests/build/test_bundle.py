@@ -117,3 +117,29 @@ def test_compile_errors_are_one_line(tmp_path, capsys, small_path) -> None:
     assert "symbolic" in err and "--input-shape" in err and "Traceback" not in err
     assert not (tmp_path / "b").exists()
     assert main(["run", str(tmp_path / "nothing.onnx")]) == 2
+
+
+def _elf_header(machine: int) -> bytes:
+    """The first 64 bytes of a 64-bit little-endian ELF executable for ``machine`` (e_machine)."""
+    return (b"\x7fELF\x02\x01\x01" + b"\0" * 9 + (2).to_bytes(2, "little") + machine.to_bytes(2, "little")
+            + b"\0" * 44)
+
+
+@pytest.mark.parametrize("binary", ["aarch64", "riscv64", "not-elf"])
+def test_run_a_bundle_built_for_another_machine_says_how_to_rebuild(tmp_path, capsys, small_path, binary) -> None:
+    from dlcc.build.bundle import host_machine
+
+    out = tmp_path / "b"
+    assert main(["compile", str(small_path), "-o", str(out), "--input-shape", "x=2,4"]) == 0
+    machine = {"aarch64": 183, "riscv64": 243}.get(binary)
+    if machine is not None and host_machine() == binary:
+        pytest.skip(f"this machine is {binary}")
+    exe = out / "model"
+    exe.write_bytes(_elf_header(machine) if machine else b"\x00\x01binary of some other format\n")
+    exe.chmod(0o755)
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err
+    assert f"make -C {out}" in err
+    assert (f"built for {binary}" if machine else "not an executable for this machine") in err

@@ -16,7 +16,17 @@ import pytest
 
 import dlcc
 from dlcc.errors import ModelLoadError
-from dlcc.testing.fuzz import KINDS, base_models, mutant, mutants, run_case, run_case_forked, run_case_inprocess
+from dlcc.testing.fuzz import (
+    KINDS,
+    LAYOUTS,
+    base_models,
+    layout,
+    mutant,
+    mutants,
+    run_case,
+    run_case_forked,
+    run_case_inprocess,
+)
 
 CI_SEED = 1
 CI_COUNT = 120  # about 40 s on 2 cores
@@ -25,11 +35,25 @@ CI_COUNT = 120  # about 40 s on 2 cores
 def test_ci_share_of_mutants_ends_well():
     cases = list(mutants(CI_SEED, CI_COUNT))
     with ThreadPoolExecutor(max_workers=2) as pool:
-        outcomes = list(pool.map(lambda kd: run_case(kd[1], timeout=60), cases))
+        outcomes = list(pool.map(lambda ikd: run_case(ikd[1][1], timeout=60, layout=layout(CI_SEED, ikd[0])),
+                                 enumerate(cases)))
     pairs = enumerate(zip(cases, outcomes, strict=True))
     bad = [f"#{i} {kind}: {o.kind}: {o.first_line}" for i, ((kind, _), o) in pairs if o.bad]
     assert not bad, "\n".join(bad)
     assert collections.Counter(o.kind for o in outcomes)["user_error"] > 0
+
+
+@pytest.mark.parametrize("where", LAYOUTS)
+def test_every_layout_of_a_valid_model_ends_well(where):
+    """The output beside the input, in another folder (the input's folder then removed) or over the input,
+    from a model in one file or with external data: the output loads on its own and passes the checker."""
+    for name in ("mlp", "light_squeezenet"):
+        assert run_case_inprocess(dict(base_models())[name], layout=where).kind == "ok", (name, where)
+
+
+def test_layouts_cover_every_kind_and_are_seeded():
+    assert layout(1, 5) == layout(1, 5)
+    assert {layout(1, i) for i in range(200)} == set(LAYOUTS)
 
 
 def test_mutants_are_deterministic_by_seed():

@@ -125,3 +125,46 @@ def build_bundle(path: str | os.PathLike) -> Path:
     if proc.returncode != 0 or not exe.exists():
         raise DlccError(f"building the bundle failed:\n{(proc.stderr or proc.stdout)[-4000:]}")
     return exe
+
+
+# ELF e_machine numbers of the architectures Python reports as platform.machine()
+_ELF_MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64", 22: "s390x", 40: "arm", 62: "x86_64",
+                 183: "aarch64", 243: "riscv64", 258: "loongarch64"}
+_HOST_ALIASES = {"amd64": "x86_64", "arm64": "aarch64", "i686": "i386", "i586": "i386", "armv7l": "arm",
+                 "armv6l": "arm", "ppc64le": "ppc64"}
+
+
+def elf_machine(exe: str | os.PathLike) -> str | None:
+    """The architecture an ELF executable was built for (``x86_64``, ``aarch64``...), or None when the file
+    is not ELF (a script, another format: then only trying to run it tells)."""
+    try:
+        with open(exe, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    number = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+    return _ELF_MACHINES.get(number, f"ELF machine {number}")
+
+
+def host_machine() -> str:
+    import platform
+
+    m = platform.machine().lower()
+    return _HOST_ALIASES.get(m, m)
+
+
+def not_runnable(bundle: Path, built_for: str | None) -> DlccError:
+    """The error for a bundle whose executable this machine cannot run, with how to rebuild it here."""
+    what = f"was built for {built_for}" if built_for else "is not an executable for this machine"
+    return DlccError(f"the bundle's executable '{bundle / 'model'}' {what}; this machine is {host_machine()}",
+                     hint=f"rebuild it here: make -C {bundle} clean && make -C {bundle}")
+
+
+def check_runnable(bundle: str | os.PathLike) -> None:
+    """Raise ``not_runnable`` when the bundle's executable is an ELF file for another architecture."""
+    bundle = Path(bundle)
+    built_for = elf_machine(bundle / "model")
+    if built_for is not None and built_for != host_machine():
+        raise not_runnable(bundle, built_for)

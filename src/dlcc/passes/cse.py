@@ -32,7 +32,6 @@ from collections import Counter
 from collections.abc import Hashable
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from dlcc.passes.manager import Pass
@@ -108,14 +107,10 @@ def node_key(node: ir.Node) -> Hashable | None:
 
 def _sample(t) -> bytes:
     """A few hundred bytes of ``t``'s little-endian data (the same for equal tensors however stored)."""
-    proto = getattr(t, "raw", None)
-    if isinstance(proto, onnx.TensorProto) and proto.HasField("raw_data"):
-        data = proto.raw_data
-    else:
-        arr = tensor_array(t)
-        if not arr.flags.c_contiguous or arr.dtype.byteorder == ">":
-            return arr.tobytes()[:128]  # rare: the merge compares whole bytes anyway
-        data = arr.reshape(-1).view(np.uint8)
+    arr = tensor_array(t)
+    if not arr.flags.c_contiguous or arr.dtype.byteorder == ">":
+        return arr.tobytes()[:128]  # rare: the merge compares whole bytes anyway
+    data = arr.reshape(-1).view(np.uint8)
     n = len(data)
     if n <= 384:
         return bytes(data)
@@ -188,11 +183,7 @@ def merge_initializers(graph: ir.Graph, fired: Counter) -> bool:
 
 
 def _type_key(t) -> tuple | None:
-    """(element type, dims) of a tensor that may be merged by value; None for strings. A loaded tensor's are
-    read from its proto (onnx_ir builds a DataType and a Shape per call)."""
-    if type(t) is ir.serde.TensorProtoTensor:
-        proto = t.raw
-        return None if proto.data_type == onnx.TensorProto.STRING else (proto.data_type, tuple(proto.dims))
+    """(element type, dims) of a tensor that may be merged by value; None for strings."""
     dtype = t.dtype
     return None if dtype == ir.DataType.STRING else (int(dtype), tuple(t.shape))
 

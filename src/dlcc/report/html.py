@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from dlcc.frontend.load import atomic_output
+from dlcc.frontend.save import atomic_output
 from dlcc.fusion.plan import FusionPlan
 from dlcc.ops.table import Kind
 

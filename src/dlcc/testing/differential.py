@@ -1,7 +1,8 @@
 """Differential testing: ``dlcc.optimize`` (levels 0-3) and ``dlcc.compile`` against onnxruntime.
 
-What goes in: a model (``check_graph(model, seed)``; ``seed`` picks the input data, and the fusion planner
-and graph level of the compile run) or seeds of ``dlcc.testing.graphs.random_graph`` (``run(seeds)``).
+What goes in: a model (``check_graph(model, seed)``; ``seed`` picks the input data, the fusion planner
+and graph level of the compile run, and the file layout of the run through saved files) or seeds of
+``dlcc.testing.graphs.random_graph`` (``run(seeds)``).
 What comes out: one line per disagreement (pipeline, output, error vs scale; a dlcc error or a crash is a
 line too), and for ``run`` the counts of graphs, agree, mismatch, dlcc errors, crashes and unsupported.
 
@@ -180,7 +181,9 @@ def _guard(pipeline: str, fn) -> tuple[object, list[Problem]]:
 
 
 def check_graph_problems(model: onnx.ModelProto, seed: int = 0, *, levels=LEVELS, compile: bool = True,  # noqa: A002
-                         fusion: str | None = None, compile_level: int | None = None) -> list[Problem]:
+                         fusion: str | None = None, compile_level: int | None = None,
+                         saved: bool | None = None) -> list[Problem]:
+    """``saved``: also optimize through files (``SAVE_LAYOUTS``); by default when ``levels`` are checked."""
     import dlcc
     from dlcc.check import random_inputs, run_ort
 
@@ -198,6 +201,12 @@ def check_graph_problems(model: onnx.ModelProto, seed: int = 0, *, levels=LEVELS
         problems += errs
         if got is not None:
             problems += _compare(f"level {level}", ref, got, truth)
+    if saved if saved is not None else bool(levels):
+        where = SAVE_LAYOUTS[seed % len(SAVE_LAYOUTS)]
+        got, errs = _guard(f"saved ({where})", lambda: _optimized_through_files(model, feeds, where))
+        problems += errs
+        if got is not None:
+            problems += _compare(f"saved ({where})", ref, got, truth)
     if compile:
         fusion = fusion or FUSIONS[seed % len(FUSIONS)]
         clevel = COMPILE_LEVELS[seed % len(COMPILE_LEVELS)] if compile_level is None else compile_level
@@ -212,6 +221,43 @@ def check_graph_problems(model: onnx.ModelProto, seed: int = 0, *, levels=LEVELS
         if got is not None:
             problems += _compare(name, ref, got, truth)
     return problems
+
+
+# how the "saved" pipeline goes through files: the input in one file or with external data (every
+# initializer, whatever its size), the output in another folder (the input's then removed) or over the input
+SAVE_LAYOUTS = ("other/external", "in_place/external", "other/inline", "in_place/inline")
+
+
+def _optimized_through_files(model: onnx.ModelProto, feeds: dict, where: str) -> dict:
+    """``dlcc.load`` from a file laid out as ``where`` says, level 3, ``dlcc.save``, then onnxruntime on the
+    saved file alone (an output in another folder is run after the input's folder is removed)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import dlcc
+    from dlcc.check import run_ort
+
+    place, data = where.split("/")
+    with tempfile.TemporaryDirectory(prefix="dlcc-diff-") as tmp:
+        src_dir = Path(tmp) / "in"
+        src_dir.mkdir()
+        src = src_dir / "model.onnx"
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        if data == "external":
+            from onnx.external_data_helper import convert_model_to_external_data
+
+            convert_model_to_external_data(m, location="model.onnx.data", size_threshold=0)
+        onnx.save(m, str(src))
+        dst = src if place == "in_place" else Path(tmp) / "out" / "model.opt.onnx"
+        dst.parent.mkdir(exist_ok=True)
+        loaded = dlcc.load(src)
+        dlcc.save(dlcc.optimize(loaded, level=3, emit=lambda s: None), dst)
+        del loaded
+        if place == "other":
+            shutil.rmtree(src_dir)
+        return run_ort(str(dst), feeds, optimize=False)
 
 
 def check_graph(model: onnx.ModelProto, seed: int = 0, **kwargs) -> list[str]:

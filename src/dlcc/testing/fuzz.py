@@ -9,6 +9,11 @@ an ``Outcome`` saying whether ``dlcc optimize`` ended well (``ok``: a checker-cl
 ``user_error``: one ``dlcc: error:`` line, exit 2) or badly (``internal_error``, ``traceback``,
 ``crash``, ``hang``).
 
+Each case also has a file layout (``layout``): the output beside the input, in another folder whose input
+folder is removed before the output is checked, or over the input itself; and the input as one file or
+with its initializers in an external data file (every size: empty, scalar, small, big). The output must
+load on its own (its external data included) and pass onnx's checker.
+
 Invariants: mutant ``i`` of seed ``s`` depends only on ``(s, i)`` (its own ``random.Random``), so any
 failing case is reproduced from its seed and index alone; ``run_case`` runs dlcc in a subprocess, so a
 crash in onnx's or onnxruntime's C++ code is a result, not the end of the fuzzer. ``run_case_forked`` is the
@@ -34,13 +39,62 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
-__all__ = ["BAD_OUTCOMES", "KINDS", "OUTCOMES", "Outcome", "base_models", "mutant", "mutants", "run_case",
-           "run_case_forked", "run_case_inprocess"]
+__all__ = ["BAD_OUTCOMES", "KINDS", "LAYOUTS", "OUTCOMES", "Outcome", "base_models", "layout", "mutant", "mutants",
+           "run_case", "run_case_forked", "run_case_inprocess"]
 
 OUTCOMES = ("ok", "user_error", "internal_error", "traceback", "crash", "hang")
 BAD_OUTCOMES = frozenset({"internal_error", "traceback", "crash", "hang"})
 
 _LIGHT = ("squeezenet", "shufflenet")
+
+# where the output goes (beside the input, another folder whose input folder is then removed, over the
+# input) x how the input keeps its weights (one file, an external data file as torch's dynamo exporter
+# writes it)
+LAYOUTS = tuple(f"{where}/{data}" for where in ("same", "other", "in_place") for data in ("inline", "external"))
+
+
+def layout(seed: int, index: int) -> str:
+    """The file layout of case ``index`` of ``seed`` (independent of the mutation drawn for it)."""
+    return random.Random(f"layout:{seed}:{index}").choice(LAYOUTS)
+
+
+class _Files:
+    """The files of one case in ``tmp``: ``src`` written as ``layout_`` says, ``dst`` where it says."""
+
+    def __init__(self, tmp: str, data: bytes, layout_: str = "same/inline") -> None:
+        where, kind = layout_.split("/")
+        self.where = where
+        self.input_dir = Path(tmp) / "in"
+        self.input_dir.mkdir()
+        self.src = self.input_dir / "model.onnx"
+        out_dir = Path(tmp) / "out" if where == "other" else self.input_dir
+        out_dir.mkdir(exist_ok=True)
+        self.dst = self.src if where == "in_place" else out_dir / "model.opt.onnx"
+        self.src.write_bytes(_externalized(data, self.input_dir) if kind == "external" else data)
+
+    def done(self) -> None:
+        """After the run: an output in another folder must not need the input's folder."""
+        if self.where == "other":
+            import shutil
+
+            shutil.rmtree(self.input_dir, ignore_errors=True)
+
+
+def _externalized(data: bytes, folder: Path) -> bytes:
+    """``data`` with every initializer of the main graph in ``model.onnx.data`` (size threshold 0: empty,
+    scalar, small and big tensors alike); as it is when it does not parse or has external data already.
+    Returns the model bytes; the data file is written into ``folder``."""
+    try:
+        m = _parse(data)
+    except Exception:  # noqa: BLE001 (a mutant that does not parse is written as it is)
+        return data
+    if not m.HasField("graph") or any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer):
+        return data
+    from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
+
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=0)
+    write_external_data_tensors(m, str(folder))
+    return m.SerializeToString()
 
 
 # ---------------------------------------------------------------------------------------------- bases
@@ -378,11 +432,11 @@ def classify(returncode: int | None, stderr: str, output: Path | None) -> Outcom
     return Outcome("crash" if returncode > 128 else "internal_error", returncode, stderr)
 
 
-def run_case(data: bytes, timeout: float = 30.0, *, level: int = 3) -> Outcome:
+def run_case(data: bytes, timeout: float = 30.0, *, level: int = 3, layout: str = "same/inline") -> Outcome:
     """Run ``python -m dlcc.cli optimize IN OUT --level N`` on ``data`` in a subprocess and classify it."""
     with tempfile.TemporaryDirectory(prefix="dlcc-fuzz-") as tmp:
-        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-        src.write_bytes(data)
+        files = _Files(tmp, data, layout)
+        src, dst = files.src, files.dst
         env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
         try:
             proc = subprocess.run([sys.executable, "-m", "dlcc.cli", "optimize", str(src), str(dst),
@@ -391,17 +445,18 @@ def run_case(data: bytes, timeout: float = 30.0, *, level: int = 3) -> Outcome:
         except subprocess.TimeoutExpired as e:
             err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
             return Outcome("hang", None, err)
+        files.done()
         return classify(proc.returncode, proc.stderr, dst)
 
 
-def run_case_inprocess(data: bytes, *, level: int = 3) -> Outcome:
+def run_case_inprocess(data: bytes, *, level: int = 3, layout: str = "same/inline") -> Outcome:
     """The fast mode: ``dlcc.cli.main`` in this process with stderr captured. Only for cases known not to
     reach C++ code that could crash (a crash here ends the caller); no timeout."""
     from dlcc import cli
 
     with tempfile.TemporaryDirectory(prefix="dlcc-fuzz-") as tmp:
-        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-        src.write_bytes(data)
+        files = _Files(tmp, data, layout)
+        src, dst = files.src, files.dst
         buf = io.StringIO()
         old = cli._err._file  # None: the console follows sys.stderr; restoring ``.file`` would pin it
         cli._err.file = buf
@@ -416,10 +471,11 @@ def run_case_inprocess(data: bytes, *, level: int = 3) -> Outcome:
                     code = 1
         finally:
             cli._err._file = old
+        files.done()
         return classify(code, buf.getvalue(), dst)
 
 
-def run_case_forked(data: bytes, timeout: float = 30.0, *, level: int = 3) -> Outcome:
+def run_case_forked(data: bytes, timeout: float = 30.0, *, level: int = 3, layout: str = "same/inline") -> Outcome:
     """``run_case`` in a forked child of this process (which must be single-threaded: a fork copies no
     other thread, so a lock one of them held would stay held). The child runs ``dlcc.cli.main`` with file
     descriptors 1 and 2 on files; a signal is a crash, no exit within ``timeout`` a hang (the child is
@@ -430,8 +486,8 @@ def run_case_forked(data: bytes, timeout: float = 30.0, *, level: int = 3) -> Ou
     from dlcc import cli
 
     with tempfile.TemporaryDirectory(prefix="dlcc-fuzz-") as tmp:
-        src, dst, err = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx", Path(tmp) / "stderr.txt"
-        src.write_bytes(data)
+        files = _Files(tmp, data, layout)
+        src, dst, err = files.src, files.dst, Path(tmp) / "stderr.txt"
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -478,6 +534,7 @@ def run_case_forked(data: bytes, timeout: float = 30.0, *, level: int = 3) -> Ou
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
         text = err.read_text(errors="replace") if err.exists() else ""
+        files.done()
         if status is None:
             return classify(None, text, dst)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -495,7 +552,8 @@ def run_indexed(seed: int, index: int, timeout: float, kind: str | None = None,
                 isolation: str = "fork") -> tuple[int, str, str, bytes, Outcome]:
     """Mutant ``index`` of ``seed`` and what dlcc did with it (for worker processes)."""
     kind, base, data = mutant(seed, index, kind)
+    where = layout(seed, index)
     if isolation == "fork":
         warm()
-        return index, kind, base, data, run_case_forked(data, timeout)
-    return index, kind, base, data, run_case(data, timeout)
+        return index, kind, base, data, run_case_forked(data, timeout, layout=where)
+    return index, kind, base, data, run_case(data, timeout, layout=where)
