@@ -57,3 +57,19 @@ class PassError(DlccError):
     """A pass broke the IR or failed to reach a fixpoint: a bug in dlcc, reported with the pass's name."""
 
     exit_code = 3
+
+
+class TorchMissingError(DlccError):
+    """torch (or onnxscript, which its ONNX exporter needs) is not installed."""
+
+
+class TorchExportError(UnsupportedModelError):
+    """PyTorch could not export the module to ONNX (both exporters failed): the exporter's message first."""
+
+
+class DataDependentControlFlowError(TorchExportError):
+    """The module branches on tensor values: an ONNX graph (and dlcc's code) would freeze one branch."""
+
+
+class UnsupportedDtypeError(UnsupportedModelError):
+    """A tensor's dtype has no counterpart in dlcc's C backend (bfloat16, complex, ...)."""

@@ -86,7 +86,7 @@ def test_randomize_an_exported_model(modules):
 def test_export_without_torch_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # what find_spec and import see without torch
     assert not has_torch()
-    with pytest.raises(TorchMissingError, match="models extra"):
+    with pytest.raises(TorchMissingError, match=r"dlcc\[torch\]"):
         export(object(), (), dynamo=False)
 
 

@@ -7,28 +7,24 @@ What comes out: an ``onnx.ModelProto`` with every tensor loaded in memory (the e
 temporary folder, external data included, loaded back and the folder removed); inputs are named
 ``input0``, ``input1``, ... in the order of ``example_args``.
 
-Invariants: torch is optional (the ``models`` extra, ``torch==2.13.0`` CPU): this module imports without
-it and only ``export``/``torch_modules``/``example_feeds`` import it, raising ``TorchMissingError`` (a
-``DlccError``) when it is absent. The module is put in eval mode before export. ``torch_modules``
+Invariants: torch is optional (the ``torch`` or ``models`` extra, ``torch==2.13.0`` CPU): this module
+imports without it and only ``export``/``torch_modules``/``example_feeds`` import it, raising
+``TorchMissingError`` (a ``DlccError``) when it is absent. The exporter calls are the PyTorch frontend's
+(``dlcc.frontend.torch.export``). The module is put in eval mode before export. ``torch_modules``
 builds its modules from a fixed seed without touching torch's global random state.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
-import logging
-import tempfile
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from dlcc.errors import DlccError
+from dlcc.errors import TorchMissingError
+from dlcc.frontend.torch.export import export_file, has_torch, quiet_exporter, require_torch
 
 if TYPE_CHECKING:
     import torch
@@ -36,22 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["TorchMissingError", "example_feeds", "export", "has_torch", "torch_modules"]
 
 
-class TorchMissingError(DlccError):
-    """torch (or onnxscript, for the dynamo exporter) is not installed."""
-
-
-def has_torch() -> bool:
-    """Whether torch can be imported (without importing it)."""
-    return importlib.util.find_spec("torch") is not None
-
-
 def _torch():
-    if not has_torch():
-        raise TorchMissingError("exporting from PyTorch needs torch, which is not installed",
-                                hint="install the models extra: pip install 'dlcc[models]'")
-    import torch
-
-    return torch
+    return require_torch("exporting from PyTorch")
 
 
 def export(module: torch.nn.Module, example_args: Sequence[Any], *, dynamo: bool, opset: int = 18,
@@ -60,45 +42,21 @@ def export(module: torch.nn.Module, example_args: Sequence[Any], *, dynamo: bool
 
     With ``dynamic_batch`` axis 0 of every input is symbolic ("batch"; the outputs follow through shape
     inference); the example batch should then be at least 2, since torch.export specializes a size of 1.
+    One exporter, no fallback (``dlcc.frontend.torch.export.export_file``; ``export_model`` is the
+    frontend's policy with fallback and clear errors).
     """
+    import tempfile
+
     torch = _torch()
-    if dynamo and importlib.util.find_spec("onnxscript") is None:
-        raise TorchMissingError("the dynamo exporter needs onnxscript, which is not installed",
-                                hint="install the models extra: pip install 'dlcc[models]'")
     args = tuple(example_args)
     names = [f"input{i}" for i in range(len(args))]
     module.eval()
     with tempfile.TemporaryDirectory(prefix="dlcc-export-") as tmp:
         path = Path(tmp) / "model.onnx"
-        kwargs: dict[str, Any] = {"input_names": names, "opset_version": opset, "dynamo": dynamo}
-        if dynamo:
-            kwargs["external_data"] = True
-            kwargs["verbose"] = False
-            if dynamic_batch:
-                batch = torch.export.Dim("batch")
-                kwargs["dynamic_shapes"] = tuple({0: batch} for _ in args)
-        elif dynamic_batch:
-            kwargs["dynamic_axes"] = {n: {0: "batch"} for n in names}
-        with _quiet(torch.jit.TracerWarning):
-            torch.onnx.export(module, args, str(path), **kwargs)
+        with quiet_exporter(UserWarning, torch.jit.TracerWarning):
+            export_file(module, args, path, dynamo=dynamo, opset=opset, input_names=names,
+                        dynamic_batch=dynamic_batch)
         return onnx.load(str(path), load_external_data=True)
-
-
-@contextlib.contextmanager
-def _quiet(*categories: type[Warning]) -> Iterator[None]:
-    """Silence the exporters' chatter for test models: the TorchScript exporter's deprecation and
-    tracer warnings, the dynamo exporter's progress lines and its log lines about optional
-    torchvision ops."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            for category in (DeprecationWarning, FutureWarning, UserWarning, *categories):
-                warnings.simplefilter("ignore", category=category)
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def example_feeds(model: onnx.ModelProto, example_args: Sequence[Any]) -> dict[str, np.ndarray]:
