@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import numpy as np  # noqa: E402
 
 import dlcc  # noqa: E402
+from dlcc.build.probe import fma_peak_gflops  # noqa: E402
 from dlcc.check import _session, diff, interleaved_best_ms, random_inputs  # noqa: E402
 from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model, randomize  # noqa: E402
 from machine import write_section  # noqa: E402
@@ -86,19 +87,23 @@ def bench_model(name: str, runs: int, tmp: Path) -> dict:
             "kernels": info["kernels"], "err": err,
             "dlcc ms": dlcc_ms, "ort ms": ort_ms, "arena": info["arena_bytes"],
             "lb": info["lower_bound_bytes"], "noreuse": info["no_reuse_bytes"], "ort delta": ort_delta,
-            "ort total": ort_total, "fusion": info["fusion"]}
+            "ort total": ort_total, "fusion": info["fusion"],
+            "gflop": sum(k["flops"] or 0 for k in info["per_kernel"]) / 1e9}
 
 
-def render(rows: list[dict]) -> str:
+def render(rows: list[dict], peak: float) -> str:
+    """The table; ``peak`` is the measured single-core FMA peak (dlcc.build.probe) in GFLOP/s."""
     mb = 1024 * 1024
     head = ["model", "kernels (planner)", "compile s (cc)", "max rel err", "dlcc ms", "onnxruntime ms",
-            "dlcc / ort", "arena MiB", "lower bound MiB", "arena / bound", "no reuse MiB",
+            "dlcc / ort", "dlcc GFLOP/s", "% of measured FMA peak", "arena MiB",
+            "lower bound MiB", "arena / bound", "no reuse MiB",
             "ort peak RSS growth MiB", "ort peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join([
             r["model"], f"{r['kernels']} ({r['fusion']})", f"{r['compile s']:.1f} ({r['cc s']:.1f})", f"{r['err']:.1e}",
             f"{r['dlcc ms']:.2f}", f"{r['ort ms']:.2f}", f"{r['dlcc ms'] / r['ort ms']:.2f}",
+            f"{r['gflop'] / (r['dlcc ms'] / 1e3):.1f}", f"{100 * r['gflop'] / (r['dlcc ms'] / 1e3) / peak:.1f}",
             f"{r['arena'] / mb:.2f}", f"{r['lb'] / mb:.2f}", f"{r['arena'] / r['lb']:.3f}" if r["lb"] else "-",
             f"{r['noreuse'] / mb:.2f}", f"{r['ort delta'] / mb:.1f}", f"{r['ort total'] / mb:.0f}",
         ]) + " |")
@@ -122,14 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in [m for m in args.models.split(",") if m]:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
             rows.append(bench_model(name, args.runs, Path(tmp)))
-    table = render(rows)
+    peak = fma_peak_gflops()  # the same probe and cache as `dlcc run --profile`
+    table = render(rows, peak)
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if not args.no_write:
         body = ("Run: `make bench` (bench/compiled.py). dlcc.compile (level 3, dlcc-c target, --fusion auto, "
                 "-O3 -march=native) against onnxruntime (1 thread, all graph optimizations), best of "
-                f"{args.runs} interleaved runs in one process. Memory: dlcc's arena (all intermediate "
+                f"{args.runs} interleaved runs in one process. GFLOP/s: dlcc.ops.cost FLOPs of the compiled "
+                f"kernels over dlcc's time; % of the measured single-core float32 FMA peak ({peak:.1f} GFLOP/s, "
+                "dlcc.build.probe, as in `dlcc run --profile`). Memory: dlcc's arena (all intermediate "
                 "tensors) and its lower bound (peak of simultaneously live bytes); onnxruntime's peak RSS "
                 "growth during its first inference (VmHWM reset after the session is created; onnxruntime "
                 "sets up much of its arena while creating the session, so this understates its activation "

@@ -4,9 +4,9 @@
                  [--emit-groups [--fusion auto|tvm|dnnfusion]]
     dlcc check A B [--input NAME=file.npy ...] [--rtol R] [--atol A] [--seed S]
     dlcc inspect MODEL [--input-shape ...] [--json] [--fusion [auto|tvm|dnnfusion]]
-    dlcc report MODEL -o report.html [--fusion auto|tvm|dnnfusion]
-    dlcc compile MODEL -o OUTDIR [--input-shape ...] [--fusion F] [--portable] [--build]
-    dlcc run OUTDIR|MODEL [--input NAME=file.npy ...] [--compare-ort] [--bench N] [--save DIR]
+    dlcc report MODEL -o report.html [--fusion auto|tvm|dnnfusion] [--compiled [--bench N]]
+    dlcc compile MODEL -o OUTDIR [--input-shape ...] [--fusion F] [--target T] [--build]
+    dlcc run OUTDIR|MODEL [--input NAME=file.npy ...] [--compare-ort] [--bench N] [--save DIR] [--profile]
 
 Errors caused by the user's input are one line on stderr and exit code 2 (``--debug`` shows the
 traceback); a mismatch in ``dlcc check`` exits 1; an existing output file is never clobbered by a failed
@@ -86,6 +86,21 @@ def _print_notes(model) -> None:
         _err.print(f"dlcc: note: {note}")
 
 
+def _pt2_or_path(path: str):
+    """A saved torch.export program (``.pt2``) exported to ONNX (an onnx_ir model); any other path as is."""
+    if path.endswith(".pt2"):
+        from dlcc.frontend.torch.export import load_pt2
+
+        return load_pt2(path)
+    return path
+
+
+def _load_model(path: str, **options):
+    """``dlcc.load`` for ONNX files; a ``.pt2`` program is exported to ONNX (and checked by dlcc.load) first."""
+    model = _pt2_or_path(path)
+    return dlcc.load(model, **options) if isinstance(model, str) else model
+
+
 # --------------------------------------------------------------------------------------------- commands
 
 
@@ -96,7 +111,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     shapes = _input_shapes(args.input_shape)
     t0 = time.perf_counter()
     with _progress(f"optimizing {args.input}") as update:
-        model = dlcc.load(args.input, keep_initializer_inputs=args.keep_initializer_inputs)
+        model = _load_model(args.input, keep_initializer_inputs=args.keep_initializer_inputs)
         _print_notes(model)
         before = model.graph.num_nodes()
         model = optimize(
@@ -132,6 +147,17 @@ def _figures(info: dict) -> str:
             f"weights {info['weights_bytes'] / mb:.2f} MiB")
 
 
+def _machine_target(args: argparse.Namespace):
+    """The Target of --target (``--portable``: generic)."""
+    from dlcc.schedule.target import get_target
+
+    if getattr(args, "portable", False):
+        if args.machine_target not in (None, "generic"):
+            raise DlccError("--portable and --target name two targets", hint="give one of them")
+        return get_target("generic")
+    return get_target(args.machine_target)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from dlcc.build.bundle import build_bundle, write_bundle
     from dlcc.compiler import build_artifacts
@@ -139,9 +165,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     shapes = _input_shapes(args.input_shape)
     t0 = time.perf_counter()
     with _progress(f"compiling {args.model}") as update:
-        art = build_artifacts(args.model, input_shapes=shapes, fusion=args.fusion, on_stage=update)
+        art = build_artifacts(_pt2_or_path(args.model), input_shapes=shapes, fusion=args.fusion,
+                              on_stage=update, target=_machine_target(args))
         update("writing the bundle")
-        out = write_bundle(art, args.output, portable=args.portable, source=str(Path(args.model).resolve()))
+        out = write_bundle(art, args.output, source=str(Path(args.model).resolve()))
         size = None
         if args.build:
             update("building with make")
@@ -154,7 +181,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_bundle(path: Path, feeds: dict, bench: int) -> tuple[dict, float | None]:
+def _run_bundle(path: Path, feeds: dict, bench: int,
+                profile: bool = False) -> tuple[dict, float | None, list[float] | None]:
     import errno
     import re
     import subprocess
@@ -175,7 +203,8 @@ def _run_bundle(path: Path, feeds: dict, bench: int) -> tuple[dict, float | None
             f = Path(tmp) / f"input{i}.npy"
             np.save(f, np.ascontiguousarray(feeds[spec["name"]]))
             files.append(str(f))
-        cmd = [str(exe), "-q", "-o", tmp, *(["-n", str(bench)] if bench else []), *files]
+        cmd = [str(exe), "-q", "-o", tmp, *(["-n", str(bench)] if bench else []), *(["-p"] if profile else []),
+               *files]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as e:
@@ -183,10 +212,69 @@ def _run_bundle(path: Path, feeds: dict, bench: int) -> tuple[dict, float | None
                 raise not_runnable(path, None) from None
             raise DlccError(f"cannot run '{exe}': {e.strerror}", hint=f"rebuild it: make -C {path}") from None
         if proc.returncode != 0:
+            if profile and "usage:" in proc.stderr:
+                raise DlccError(f"the bundle's executable '{exe}' has no profiling option -p",
+                                hint="it predates it: rewrite the bundle with `dlcc compile` and rebuild it")
             raise DlccError(f"the bundle failed: {proc.stderr.strip()}")
         outs = {spec["name"]: np.load(Path(tmp) / spec["file"]) for spec in manifest["outputs"]}
     m = re.search(r"mean ([0-9.]+) ms", proc.stdout)
-    return outs, float(m.group(1)) if m else None
+    seconds = None
+    if profile:
+        from dlcc.build.profile import parse_bundle_profile
+
+        seconds = parse_bundle_profile(proc.stdout)[0]
+    return outs, float(m.group(1)) if m else None, seconds
+
+
+PROFILE_RUNS = 10  # profiled runs without --bench
+
+
+def _bundle_kernels(path: Path, manifest: dict) -> list[dict]:
+    kernels = manifest.get("figures", {}).get("per_kernel")
+    if kernels is None:
+        raise DlccError(f"the bundle '{path}' has no per-kernel figures in its model.json",
+                        hint="it was written by an older dlcc: rewrite it with `dlcc compile`")
+    return kernels
+
+
+def _print_profile(kernels: list[dict], seconds, runs: int, threads: int) -> None:
+    """The per-kernel table of ``dlcc run --profile``, slowest first, with a total line."""
+    from dlcc.build.probe import fma_peak
+    from dlcc.build.profile import profile_rows
+
+    rows = profile_rows(kernels, list(seconds))
+    try:
+        peak = fma_peak()
+    except DlccError as e:
+        peak = None
+        _err.print(f"dlcc: note: no % of peak: {e}", markup=False)
+    gflops = peak.gflops if peak else None
+    table = Table(title=f"kernels (best of {runs} profiled runs each)")
+    for col in ("kernel", "ops", "ms", "share", "MFLOP", "GFLOP/s", "% peak", "MB moved", "GB/s"):
+        table.add_column(col, justify="left" if col == "ops" else "right")
+
+    def fmt(ms, share, flops, moved, g, frac):
+        return [f"{ms:.3f}", f"{100 * share:.1f}%", "-" if flops is None else f"{flops / 1e6:.1f}",
+                "-" if g is None else f"{g:.1f}", "-" if frac is None else f"{100 * frac:.1f}%",
+                f"{moved / 1e6:.2f}", f"{moved / 1e9 / (ms / 1e3):.1f}" if ms > 0 else "-"]
+
+    for r in sorted(rows, key=lambda r: (-r.seconds, r.index)):
+        ops = r.ops if len(r.ops) <= 48 else r.ops[:45] + "..."
+        table.add_row(f"k{r.id}", ops, *fmt(1e3 * r.seconds, r.share, r.flops, r.bytes, r.gflops,
+                                             r.peak_fraction(gflops, threads)))
+    total = sum(r.seconds for r in rows)
+    known = [r.flops for r in rows if r.flops is not None]
+    flops = sum(known) if len(known) == len(rows) else None
+    g = flops / total / 1e9 if flops is not None and total > 0 else None
+    table.add_section()
+    table.add_row("total", f"{len(rows)} kernels", *fmt(1e3 * total, 1.0 if total else 0.0, flops,
+                                                        sum(r.bytes for r in rows), g,
+                                                        g / (gflops * threads) if g is not None and gflops else None))
+    _out.print(table)
+    if peak:
+        _out.print(f"peak: {peak.gflops:.1f} GFLOP/s float32 FMA per core (measured: {peak.accumulators} x "
+                   f"{peak.vector_bytes}-byte vectors, {peak.cpu}); {threads} thread{'s' * (threads != 1)}: "
+                   f"% peak = GFLOP/s / ({peak.gflops:.1f} x {threads})", markup=False)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -205,11 +293,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         specs = {i["name"]: (i["dtype"], i["shape"]) for i in manifest["inputs"]}
         model_path = args.model or manifest.get("source")
         feeds = _feeds(specs, files, args.seed)
+        if args.profile:  # the bundle's profiled runs (best of --bench, default PROFILE_RUNS)
+            kernels = _bundle_kernels(target, manifest)
+            threads = manifest.get("figures", {}).get("threads", 1)
         with _progress(f"running {target}"):
-            outs, latency = _run_bundle(target, feeds, bench)
+            outs, latency, seconds = _run_bundle(target, feeds, (bench or PROFILE_RUNS) if args.profile else bench,
+                                                 profile=args.profile)
     else:
         with _progress(f"compiling {target}") as update:
             cm = dlcc.compile(str(target), input_shapes=_input_shapes(args.input_shape), fusion=args.fusion,
+                              target=_machine_target(args),
                               on_stage=update)
         specs = {n: (d, s) for n, d, s in cm.inputs}
         feeds = _feeds(specs, files, args.seed)
@@ -230,6 +323,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         table.add_row(name, str(a.dtype), "x".join(map(str, a.shape)) or "scalar", f"{fa.min():.4g}",
                       f"{fa.max():.4g}", f"{fa.mean():.4g}")
     _out.print(table)
+    if args.profile:
+        if not target.is_dir():
+            with _progress("profiling"):
+                seconds = cm.profile(feeds, runs=bench or PROFILE_RUNS)
+            kernels, threads = cm.info["per_kernel"], cm.info.get("threads", 1)
+        _print_profile(kernels, seconds, bench or PROFILE_RUNS, threads)
     if args.save:
         out_dir = Path(args.save)
         if not out_dir.is_dir():
@@ -240,7 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             with atomic_output(out_dir / f"output{i}.npy", "wb") as f:
                 np.save(f, a)
             _err.print(f"dlcc: output {i} ({name}) -> {out_dir / f'output{i}.npy'}", markup=False)
-    if latency is not None:
+    if latency is not None and bench:
         _err.print(f"dlcc: dlcc latency {latency:.3f} ms (mean of {bench})", markup=False)
     status = 0
     if args.compare_ort:
@@ -358,11 +457,45 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_compiled(args: argparse.Namespace) -> int:
+    """``dlcc report --compiled``: compile as ``dlcc run`` does, profile, and add the kernel and arena charts."""
+    from dlcc.build.probe import fma_peak
+    from dlcc.compiler import compile_model
+    from dlcc.report import write_report
+    from dlcc.report.charts import compiled_figures
+
+    runs = args.bench or PROFILE_RUNS
+    if runs < 1:
+        raise DlccError(f"--bench must be at least 1, got {runs}")
+    with _progress(f"reporting {args.model}") as update:
+        model = dlcc.load(args.model, keep_initializer_inputs=args.keep_initializer_inputs)
+        _print_notes(model)
+        cm = compile_model(model, input_shapes=_input_shapes(args.input_shape), fusion=args.fusion, level=args.level,
+                           on_stage=update)
+        update(f"profiling ({runs} runs)")
+        seconds = cm.profile(_feeds({n: (d, s) for n, d, s in cm.inputs}, {}, 0), runs=runs)
+        update("measuring the FMA peak")
+        try:
+            peak = fma_peak().gflops
+        except DlccError as e:
+            peak = None
+            _err.print(f"dlcc: note: no % of peak: {e}", markup=False)
+        update("drawing")
+        art = cm.artifacts
+        write_report(art.model, art.plan, args.output, title=Path(args.model).name,
+                     compiled=compiled_figures(cm, seconds, runs, peak))
+    _err.print(f"dlcc: wrote {args.output}: {art.model.graph.num_nodes()} nodes in {len(art.program.kernels)} "
+               f"kernels, {1e3 * float(sum(seconds)):.3f} ms; {art.plan.reason}", markup=False)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from dlcc.api import optimize
     from dlcc.fusion import plan_fusion
     from dlcc.report import write_report
 
+    if args.compiled:
+        return _report_compiled(args)
     with _progress(f"reporting {args.model}") as update:
         model = dlcc.load(args.model, keep_initializer_inputs=args.keep_initializer_inputs)
         _print_notes(model)
@@ -447,6 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--fusion", default="auto", choices=("auto", "tvm", "dnnfusion"),
                        help="fusion planner (default auto: the one whose plan moves fewer bytes)")
 
+    def machine_target_opt(p: argparse.ArgumentParser) -> None:
+        from dlcc.schedule.target import NAMES
+
+        p.add_argument("--target", dest="machine_target", default=None, choices=NAMES,
+                       help="the machine the C is generated for (default native: this one)")
+
     def legacy_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument("--keep-initializer-inputs", action="store_true",
                        help="legacy models (IR < 4): keep initializers listed as graph inputs as inputs "
@@ -454,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", parents=[common], help="optimize a model and write it as ONNX",
                        description="Optimize IN and write the result to OUT (atomically).")
-    p.add_argument("input", metavar="IN", help="the model to optimize (.onnx)")
+    p.add_argument("input", metavar="IN", help="the model to optimize (.onnx, or a .pt2 saved by torch.export.save)")
     p.add_argument("output", metavar="OUT", help="where to write the optimized model")
     p.add_argument("--level", type=int, default=DEFAULT_LEVEL, choices=range(MAX_LEVEL + 1),
                    help=f"optimization level 0..{MAX_LEVEL} (0 = load and save only; default {DEFAULT_LEVEL})")
@@ -500,6 +639,10 @@ def build_parser() -> argparse.ArgumentParser:
     shape_opt(p)
     legacy_opt(p)
     fusion_opt(p)
+    p.add_argument("--compiled", action="store_true",
+                   help="also compile MODEL (as `dlcc run` does), time every kernel on seeded random inputs and "
+                        "add charts of the time per kernel and of the arena's occupancy over the schedule")
+    p.add_argument("--bench", type=int, metavar="N", help=f"with --compiled: profiled runs (default {PROFILE_RUNS})")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rules", parents=[common], help="list every rewrite rule",
@@ -517,8 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="the bundle folder to write")
     shape_opt(p)
     fusion_opt(p)
-    p.add_argument("--portable", action="store_true", help="generic compiler flags instead of -march=native")
-    p.add_argument("--build", action="store_true", help="also run make and report the binary size")
+    machine_target_opt(p)
+    p.add_argument("--portable", action="store_true", help="the same as --target generic")
+    p.add_argument("--build", action="store_true", help="also run make (a cross compiler for another "
+                   "architecture's target) and report the binary size")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", parents=[common], help="run a compiled bundle or compile and run a model",
@@ -528,6 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", metavar="NAME=file.npy", help="input data (repeatable)")
     shape_opt(p)
     fusion_opt(p)
+    machine_target_opt(p)
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     p.add_argument("--compare-ort", action="store_true", help="compare the outputs with onnxruntime (exit 1 if "
                    "they differ beyond tolerance)")
@@ -535,6 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the model the bundle was compiled from)")
     p.add_argument("--bench", type=int, metavar="N", help="time N runs (and N onnxruntime runs with --compare-ort)")
     p.add_argument("--save", metavar="DIR", help="write the outputs as DIR/output<i>.npy")
+    p.add_argument("--profile", action="store_true", help="time every kernel (best of --bench N runs, default "
+                   f"{PROFILE_RUNS}) and print ms, share, GFLOP/s, %% of the measured FMA peak and bytes moved")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default {DEFAULT_RTOL:g})")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default {DEFAULT_ATOL:g})")
     p.set_defaults(func=cmd_run)

@@ -2,7 +2,8 @@
 
 What goes in: a model (path, bytes, ModelProto or onnx_ir model — an onnx_ir model is copied, not
 changed) and options: ``input_shapes`` to fix symbolic dims, ``fusion`` (auto | tvm | dnnfusion),
-``portable`` (generic compiler flags instead of -march=native), ``level`` (graph optimization level),
+``target`` (``dlcc.schedule.target``: native, x86-64-v4, x86-64-v3, aarch64, generic; ``portable`` is
+``target="generic"``), ``level`` (graph optimization level),
 ``constants`` (input name -> array: inputs that are really parameters, such as axes or scales, frozen
 into the model so the code can be specialized to them).
 What comes out: ``Artifacts`` (every stage's result, for the bundle writer, reports and tests), from
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from dlcc.errors import DlccError
+from dlcc.errors import DlccError, UnsupportedModelError
 from dlcc.frontend.sizes import check_tensor_sizes, check_total_bytes
+from dlcc.schedule.target import Target, get_target, host_arch
 
 __all__ = ["Artifacts", "build_artifacts", "compile_model"]
 
@@ -36,6 +38,7 @@ class Artifacts:
     memory: object  # MemoryPlan
     csource: object  # CSource
     timings: dict[str, float] = field(default_factory=dict)
+    target: Target = field(default_factory=get_target)
 
     def info(self) -> dict:
         m = self.memory
@@ -47,8 +50,16 @@ class Artifacts:
             "lower_bound_bytes": m.lower_bound,
             "no_reuse_bytes": m.no_reuse_bytes,
             "weights_bytes": len(self.csource.weights),
+            "target": self.target.name,
             "timings": dict(self.timings),
+            "per_kernel": _kernel_figures(self.program),  # [{id, ops, flops, bytes}] in call order: --profile
         }
+
+
+def _kernel_figures(program) -> list[dict]:
+    from dlcc.build.profile import kernel_figures
+
+    return kernel_figures(program)
 
 
 def _copy(model: ir.Model) -> ir.Model:
@@ -57,7 +68,7 @@ def _copy(model: ir.Model) -> ir.Model:
 
 def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                     level: int = 3, on_stage: Callable[[str], None] | None = None,
-                    constants: Mapping[str, object] | None = None) -> Artifacts:
+                    constants: Mapping[str, object] | None = None, target: Target | str | None = None) -> Artifacts:
     from dlcc.api import optimize
     from dlcc.codegen.program import generate
     from dlcc.frontend.load import load
@@ -66,6 +77,7 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
     from dlcc.lower.lower import lower, unsupported_ops
     from dlcc.memory.schedule import plan_program_memory
 
+    target = get_target(target)
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -96,8 +108,10 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
     missing = unsupported_ops(m.graph)
     if missing:
         listing = ", ".join(f"{op} ({n})" for op, n in sorted(missing.items()))
-        raise DlccError(f"the C backend does not support {sum(missing.values())} node(s): {listing}",
-                        hint="`dlcc optimize` still writes optimized ONNX for this model")
+        err = UnsupportedModelError(f"the C backend does not support {sum(missing.values())} node(s): {listing}",
+                                    hint="`dlcc optimize` still writes optimized ONNX for this model")
+        err.ops = dict(missing)  # op -> count, for callers that name them (the torch.compile fallback)
+        raise err
     _check_static(m)
     _check_sizes(m)
     if fusion == "auto":
@@ -122,9 +136,9 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
     memory = plan_program_memory(program)
     check_total_bytes("arena and weights", memory.arena_bytes + _weights_bytes(m))  # before codegen copies
     stage("memory")
-    csource = generate(program, memory)
+    csource = generate(program, memory, target)
     stage("codegen")
-    return Artifacts(m, plan, program, memory, csource, timings)
+    return Artifacts(m, plan, program, memory, csource, timings, target)
 
 
 def program_traffic(program) -> int:
@@ -210,17 +224,22 @@ def _check_sizes(m: ir.Model) -> None:
 
 def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                   portable: bool = False, level: int = 3, on_stage: Callable[[str], None] | None = None,
-                  constants: Mapping[str, object] | None = None):
+                  constants: Mapping[str, object] | None = None, target: Target | str | None = None):
     """Compile ``model`` to a ``CompiledModel`` (see the module docstring)."""
+    target = get_target("generic" if portable and target is None else target)
+    if not target.runs_here():
+        raise DlccError(f"code for target {target.name} ({target.arch}) cannot run on this machine "
+                        f"({host_arch()}) to be called from Python",
+                        hint=f"write a bundle instead: dlcc compile MODEL -o DIR --target {target.name}")
     import numpy as np
 
     from dlcc.build.cc import build_shared
     from dlcc.build.runtime import CompiledModel, aligned_empty
 
     art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage,
-                          constants=constants)
+                          constants=constants, target=target)
     t = time.perf_counter()
-    lib = build_shared(art.csource.files, portable=portable)
+    lib = build_shared(art.csource.files, target=target)
     art.timings["cc"] = time.perf_counter() - t
     blob = art.csource.weights
     weights = aligned_empty(max(len(blob), 1))

@@ -127,12 +127,12 @@ def _elf_header(machine: int) -> bytes:
 
 @pytest.mark.parametrize("binary", ["aarch64", "riscv64", "not-elf"])
 def test_run_a_bundle_built_for_another_machine_says_how_to_rebuild(tmp_path, capsys, small_path, binary) -> None:
-    from dlcc.build.bundle import host_machine
+    from dlcc.schedule.target import host_arch
 
     out = tmp_path / "b"
     assert main(["compile", str(small_path), "-o", str(out), "--input-shape", "x=2,4"]) == 0
     machine = {"aarch64": 183, "riscv64": 243}.get(binary)
-    if machine is not None and host_machine() == binary:
+    if machine is not None and host_arch() == binary:
         pytest.skip(f"this machine is {binary}")
     exe = out / "model"
     exe.write_bytes(_elf_header(machine) if machine else b"\x00\x01binary of some other format\n")

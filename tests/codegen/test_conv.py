@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import assert_close, ort_output, run_node
+from dlcc.codegen.harness import assert_close, ort_output, run_node, runnable_targets
 
 _ort = ort_output
 
@@ -51,7 +51,8 @@ def _check(op, x_shape, w_shape, attrs, b=True, const_w=True):
     m, feeds = _model(op, x_shape, w_shape, b, attrs, const_w)
     ref = _ort(m, feeds)
     m, feeds = _model(op, x_shape, w_shape, b, attrs, const_w, list(ref.shape))
-    _close(run_node(m, feeds), ref)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref)
 
 
 CONV_CASES = [
@@ -134,9 +135,9 @@ def test_epilogue_store(monkeypatch):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
         return real(node, operands, shape, dtype, lambda idx, v: store(idx, f"fmaxf({v}, 0.0f)"), scratch,
-                    False, names, pack)
+                    False, names, pack, target)
 
     monkeypatch.setattr(templates, "TemplateCall", fake)
     for op, xs, ws, attrs in [("Conv", (1, 3, 7, 6), (6, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -163,10 +164,10 @@ def test_strided_input(monkeypatch, op, ws, attrs):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
         big = operands[0].ref
         view = TensorRef(big.ptr, big.dtype, (*big.shape[:3], big.shape[3] // 2), (*big.strides[:3], 2), 1)
-        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack)
+        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack, target)
 
     xs = (1, 3, 7, 9)
     m, feeds = _model(op, xs, ws, True, attrs, True)

@@ -18,6 +18,7 @@ import dlcc.codegen.injective  # noqa: F401  (registers the INDEXED handlers)
 from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent, loops
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
 from dlcc.codegen.harness import prelude, run_node
+from dlcc.schedule.target import get_target
 
 INT_MAX = 2**63 - 1
 
@@ -96,7 +97,7 @@ def _run(model, feeds, out_index=0, pure=False):
         return "\n".join([*(stmts or []), f"{oref.at(idx)} = {expr};"])
 
     _, body = loops(oref.shape, names, inner)
-    src = f"{prelude()}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n"
+    src = f"{prelude(get_target())}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n"
     arrays = [np.ascontiguousarray(v.const_value.numpy() if v.const_value is not None else feeds[v.name],
                                    dtype=value_dtype(v)) for v in ins]
     return _compile_and_call(src, arrays, oref)
@@ -144,7 +145,7 @@ def _run_graph(model, feeds):
 
     _, body = loops(oref.shape, names, inner)
     params.append(f"{oref.ctype}* restrict out")
-    return _compile_and_call(f"{prelude()}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n",
+    return _compile_and_call(f"{prelude(get_target())}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n",
                              arrays, oref)
 
 

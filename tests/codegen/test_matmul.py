@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import assert_close, ort_output, run_node
+from dlcc.codegen.harness import assert_close, ort_output, run_node, runnable_targets
 
 _ort = ort_output
 
@@ -56,12 +56,16 @@ MATMUL = [
 @pytest.mark.parametrize("b_const", [False, True])
 def test_matmul(sa, sb, b_const):
     m, feeds = _build("MatMul", [("a", _rand(sa, 0)), ("b", _rand(sb, 1))], {"b"} if b_const else set())
-    _close(run_node(m, feeds), _ort(m, feeds))
+    ref = _ort(m, feeds)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref)
 
 
 def test_matmul_k1():
     m, feeds = _build("MatMul", [("a", _rand([6, 1], 0)), ("b", _rand([1, 19], 1))], {"b"})
-    _close(run_node(m, feeds), _ort(m, feeds))
+    ref = _ort(m, feeds)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref)
 
 
 def test_matmul_int_unsupported():
@@ -94,4 +98,6 @@ def test_gemm(m_, k, n, ta, tb, alpha, beta, cshape, consts):
     ops = [("a", a), ("b", b)] + ([("c", _rand(cshape, 2))] if cshape is not None else [])
     attrs = {"transA": ta, "transB": tb, "alpha": alpha, "beta": beta}
     m, feeds = _build("Gemm", ops, consts, attrs)
-    _close(run_node(m, feeds), _ort(m, feeds))
+    ref = _ort(m, feeds)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref)

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import assert_close, ort_output, run_node
+from dlcc.codegen.harness import assert_close, ort_output, run_node, runnable_targets
 
 _ort = ort_output
 
@@ -32,7 +32,8 @@ def _check(op, x_shape, attrs, rtol=1e-4, opset=21):
     feeds = {"x": rng.standard_normal(x_shape, dtype=np.float32)}
     ref = _ort(_model(op, x_shape, attrs, opset=opset), feeds)
     m = _model(op, x_shape, attrs, list(ref.shape), opset=opset)
-    _close(run_node(m, feeds), ref, rtol)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref, rtol)
 
 
 POOL_CASES = [
@@ -104,9 +105,9 @@ def test_epilogue_store(monkeypatch):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
         return real(node, operands, shape, dtype, lambda idx, v: store(idx, f"fmaxf({v}, 0.0f)"), scratch,
-                    False, names, pack)
+                    False, names, pack, target)
 
     monkeypatch.setattr(templates, "TemplateCall", fake)
     x = np.random.default_rng(1).standard_normal((1, 3, 7, 6), dtype=np.float32)
@@ -145,10 +146,10 @@ def test_strided_input(monkeypatch, op, attrs):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
         big = operands[0].ref
         view = TensorRef(big.ptr, big.dtype, (*big.shape[:3], big.shape[3] // 2), (*big.strides[:3], 2), 1)
-        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack)
+        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack, target)
 
     x = np.random.default_rng(5).standard_normal((1, 3, 7, 9), dtype=np.float32)
     ref = _ort(_model(op, x.shape, attrs), {"x": x})

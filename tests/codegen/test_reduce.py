@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import run_node
+from dlcc.codegen.harness import run_node, runnable_targets
 
 
 def _ort(model, feeds):
@@ -84,7 +84,9 @@ def test_reduce(op, shape, axes, keep, as_input):
         attrs = {"keepdims": keep, **({"axes": axes} if axes is not None else {})}
         m = _model(op, shape, attrs, opset=11 if op != "ReduceSum" else 12)
     feeds = {"x": _data(op, shape)}
-    _close(run_node(m, feeds), _ort(m, feeds))
+    ref = _ort(m, feeds)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -97,7 +99,9 @@ def test_noop_with_empty_axes(op):
 def test_empty_axes_reduces_all():
     m = _model("ReduceSum", [3, 7], {"keepdims": 0}, opset=18, axes=[])
     feeds = {"x": _data("ReduceSum", [3, 7])}
-    _close(run_node(m, feeds), _ort(m, feeds))
+    ref = _ort(m, feeds)
+    for target in runnable_targets():  # every vector width this machine runs
+        _close(run_node(m, feeds, target=target), ref)
 
 
 @pytest.mark.parametrize("op,axes,keep", [("ReduceSum", [1], 0), ("ReduceMax", [0], 1), ("ReduceMin", None, 0)])

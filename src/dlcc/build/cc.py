@@ -1,6 +1,6 @@
 """Build generated C with the system compiler, with a per-user content-hash cache.
 
-What goes in: a ``CSource`` (C text, header) and flags (native by default, ``portable`` for generic ones).
+What goes in: a ``CSource`` (C text, header) and a target (``dlcc.schedule.target``: its ISA flags).
 What comes out: the path of a shared library in the cache, keyed by the hash of source + header + flags +
 compiler identity. The compiler runs without a shell (argument list), in a private temp directory inside
 the cache; the result is moved into place atomically. Every cache entry stores the SHA-256 of its library,
@@ -22,12 +22,17 @@ import tempfile
 from pathlib import Path
 
 from dlcc.errors import DlccError
+from dlcc.schedule.target import Target, get_target
 
-__all__ = ["FLAGS", "PORTABLE_FLAGS", "build_shared", "cache_dir", "compiler", "compile_files"]
+__all__ = ["COMMON", "build_shared", "cache_dir", "compiler", "compile_files", "flags_for"]
 
 COMMON = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-fPIC"]
-FLAGS = [*COMMON, "-march=native"]
-PORTABLE_FLAGS = list(COMMON)
+
+
+def flags_for(target: Target | str | None = None, *, shared: bool = True) -> list[str]:
+    """The compiler flags of generated code for ``target`` (``shared``: position-independent)."""
+    flags = [*COMMON, *get_target(target).cflags]
+    return flags if shared else [f for f in flags if f != "-fPIC"]
 
 
 def compiler() -> str:
@@ -100,10 +105,11 @@ def compile_files(cc: str, flags: list[str], sources: list[Path], out: Path, cwd
         raise DlccError(f"linking the generated code failed:\n{proc.stderr[-4000:]}")
 
 
-def build_shared(files: dict[str, str], *, portable: bool = False) -> Path:
-    """Build the C ``files`` (name -> text; every ``.c`` is compiled) into a cached shared library."""
+def build_shared(files: dict[str, str], *, target: Target | str | None = None) -> Path:
+    """Build the C ``files`` (name -> text; every ``.c`` is compiled) into a cached shared library for
+    ``target`` (which must run on this machine)."""
     cc = compiler()
-    flags = PORTABLE_FLAGS if portable else FLAGS
+    flags = flags_for(target)
     h = hashlib.sha256()
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")

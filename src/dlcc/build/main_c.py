@@ -2,12 +2,17 @@
 
 Usage of the built program (inputs in graph order; names are in model.json, never in the C):
 
-    ./model [-w weights.bin] [-o OUTDIR] [-n N] [-q] INPUT0 [INPUT1 ...]
+    ./model [-w weights.bin] [-o OUTDIR] [-n N] [-p] [-q] INPUT0 [INPUT1 ...]
 
 Each INPUT is a ``.npy`` file (its dtype and shape are checked against the model) or a raw file of
 exactly the right number of bytes. Outputs are written as ``OUTDIR/output<i>.npy`` (default OUTDIR ``.``).
 ``-n N`` runs the model N more times and prints the mean and best latency in milliseconds; ``-q`` prints
 nothing but errors. The weights default to ``weights.bin`` beside the executable.
+
+``-p`` profiles: after the first (warm-up) run it calls ``dlcc_run_profiled`` N times (``-n``, default 1)
+and prints ``profile KERNELS RUNS`` and then one line per kernel in call order, ``kernel K BEST_MS MEAN_MS``
+(K the index in call order, times in milliseconds), which ``dlcc run --profile`` parses; the latency line
+is then that of the profiled runs.
 """
 
 from __future__ import annotations
@@ -147,15 +152,17 @@ static double now_ms(void) {{
 
 int main(int argc, char **argv) {{
     const char *weights_path = NULL, *outdir = ".";
-    int runs = 0, quiet = 0, nin = 0;
+    int runs = 0, quiet = 0, nin = 0, profile = 0;
     const char *in_paths[DLCC_NUM_INPUTS + 1];
     for (int i = 1; i < argc; ++i) {{
         if (!strcmp(argv[i], "-w") && i + 1 < argc) weights_path = argv[++i];
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) outdir = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) runs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-q")) quiet = 1;
+        else if (!strcmp(argv[i], "-p")) profile = 1;
         else if (argv[i][0] == '-' && argv[i][1]) {{
-            fprintf(stderr, "usage: %s [-w weights.bin] [-o OUTDIR] [-n RUNS] [-q] INPUT0 ...\\n", argv[0]); return 2;
+            fprintf(stderr, "usage: %s [-w weights.bin] [-o OUTDIR] [-n RUNS] [-p] [-q] INPUT0 ...\\n", argv[0]);
+            return 2;
         }} else if (nin < DLCC_NUM_INPUTS) in_paths[nin++] = argv[i];
         else {{ fprintf(stderr, "error: the model takes %d input(s)\\n", DLCC_NUM_INPUTS); return 2; }}
     }}
@@ -196,7 +203,26 @@ int main(int argc, char **argv) {{
     double t0 = now_ms();
     dlcc_run(inputs, outputs, arena, weights);
     double first = now_ms() - t0;
-    if (runs > 0) {{
+    if (profile) {{
+        int nk = dlcc_num_kernels(), nr = runs > 0 ? runs : 1;
+        double *sec = (double *)xalloc(sizeof(double) * (size_t)(nk + 1));
+        double *best = (double *)xalloc(sizeof(double) * (size_t)(nk + 1));
+        double *sum = (double *)xalloc(sizeof(double) * (size_t)(nk + 1));
+        double total = 0, fastest = 1e300;
+        for (int k = 0; k < nk; ++k) {{ best[k] = 1e300; sum[k] = 0; }}
+        for (int r = 0; r < nr; ++r) {{
+            double t = now_ms();
+            dlcc_run_profiled(inputs, outputs, arena, weights, sec);
+            t = now_ms() - t;
+            total += t; if (t < fastest) fastest = t;
+            for (int k = 0; k < nk; ++k) {{ sum[k] += sec[k]; if (sec[k] < best[k]) best[k] = sec[k]; }}
+        }}
+        printf("latency: mean %.3f ms, best %.3f ms over %d profiled runs (first run %.3f ms)\\n",
+               total / nr, fastest, nr, first);
+        printf("profile %d %d\\n", nk, nr);
+        for (int k = 0; k < nk; ++k) printf("kernel %d %.6f %.6f\\n", k, best[k] * 1e3, sum[k] / nr * 1e3);
+        free(sec); free(best); free(sum);
+    }} else if (runs > 0) {{
         double total = 0, best = 1e300;
         for (int r = 0; r < runs; ++r) {{
             double t = now_ms();

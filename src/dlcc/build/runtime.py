@@ -88,3 +88,48 @@ class CompiledModel:
         return {name: o for (name, _, _), o in zip(self.outputs, outs, strict=True)}
 
     run = __call__
+
+    # ------------------------------------------------------------------------------------- profiling
+
+    @property
+    def num_kernels(self) -> int:
+        fn = self._profiled()[1]
+        return int(fn())
+
+    def _profiled(self):
+        try:
+            run, count = self._lib.dlcc_run_profiled, self._lib.dlcc_num_kernels
+        except AttributeError:
+            raise DlccError(f"the library {self.library} has no profiled entry point",
+                            hint="it was built by an older dlcc: compile the model again") from None
+        run.restype = None
+        run.argtypes = [ctypes.c_void_p] * 5
+        count.restype = ctypes.c_int
+        count.argtypes = []
+        return run, count
+
+    def run_profiled(self, feeds: Mapping[str, np.ndarray] | None = None, /,
+                     **kwargs: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """One call through ``dlcc_run_profiled``: (outputs, seconds per kernel in call order)."""
+        run, count = self._profiled()
+        arrays = self._check({**(feeds or {}), **kwargs})
+        outs = [np.empty(shape, dtype=dtype) for _, dtype, shape in self.outputs]
+        arena = aligned_empty(max(self.arena_bytes, 1))
+        seconds = np.zeros(max(int(count()), 1), dtype=np.float64)
+        in_ptrs = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+        out_ptrs = (ctypes.c_void_p * max(1, len(outs)))(*[o.ctypes.data for o in outs])
+        run(ctypes.cast(in_ptrs, ctypes.c_void_p), ctypes.cast(out_ptrs, ctypes.c_void_p), arena.ctypes.data,
+            self.weights.ctypes.data, seconds.ctypes.data)
+        return ({name: o for (name, _, _), o in zip(self.outputs, outs, strict=True)},
+                seconds[:int(count())].copy())
+
+    def profile(self, feeds: Mapping[str, np.ndarray], runs: int = 10) -> np.ndarray:
+        """Seconds per kernel (call order), each the best of ``runs`` profiled calls after one warm-up call."""
+        if runs < 1:
+            raise DlccError(f"the number of profiled runs must be at least 1, got {runs}")
+        self(feeds)  # warm-up: page in the weights and the code
+        best = None
+        for _ in range(runs):
+            _, seconds = self.run_profiled(feeds)
+            best = seconds if best is None else np.minimum(best, seconds)
+        return best

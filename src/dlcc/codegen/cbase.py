@@ -232,5 +232,16 @@ def c_helper(name: str, code: str) -> None:
     C_HELPERS[name] = code
 
 
+def vector_helpers(lanes: int) -> str:
+    """The float vector type of a target (``dlcc_vf``: ``lanes`` floats, GCC/Clang vector extension) and
+    its unaligned load/store through memcpy. Macros, not functions: returning a wide vector from a function
+    changes the ABI where the ISA lacks the registers (-Wpsabi)."""
+    n = 4 * lanes
+    return (f"typedef float dlcc_vf __attribute__((vector_size({n})));\n"
+            "#define dlcc_vf_load(p) __extension__ ({ dlcc_vf dlcc_vf_l_; "
+            f"memcpy(&dlcc_vf_l_, (p), {n}); dlcc_vf_l_; }})\n"
+            f"#define dlcc_vf_store(p, v) do {{ dlcc_vf dlcc_vf_s_ = (v); memcpy((p), &dlcc_vf_s_, {n}); }} while (0)")
+
+
 class TemplateError(DlccError):
     """A template met an attribute value or a shape it does not handle (reported as unsupported)."""

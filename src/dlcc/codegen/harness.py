@@ -12,28 +12,30 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, loops
+from dlcc.build.cc import compile_files, compiler, flags_for
+from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, loops, vector_helpers
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.schedule.target import NAMES, Target, get_target
 
-__all__ = ["assert_close", "ort_output", "run_node"]
+__all__ = ["assert_close", "ort_output", "run_node", "runnable_targets"]
 
 
 
-def prelude() -> str:
+def prelude(target: Target) -> str:
     import dlcc.codegen.templates  # noqa: F401  (registers the templates' helpers)
 
     return ("#include <stdint.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n"
-            + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))
+            + vector_helpers(target.lanes) + "\n" + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))
 
 
-def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value], list[np.ndarray]]:
+def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[ir.Value], list[np.ndarray]]:
     from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
 
     names = Names()
@@ -66,7 +68,7 @@ def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value], list[n
             return ref
 
         call = TemplateCall(node, operands, oref.shape, oref.dtype,
-                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names, pack)
+                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names, pack, target)
         body = TEMPLATES[node.op_type](call)
     else:
         def inner(idx):
@@ -76,16 +78,19 @@ def _source(node: ir.Node, graph: ir.Graph) -> tuple[str, list[ir.Value], list[n
             return "\n".join([*stmts, f"{oref.at(idx)} = {expr};"])
         _, body = loops(oref.shape, names, inner)
     params += [f"const {ctype(a.dtype)}* restrict w{k}" for k, a in enumerate(packed)]
-    return f"{prelude()}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins, packed
+    return f"{prelude(target)}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins, packed
 
 
-def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *, keep: str | None = None) -> np.ndarray:
-    """Compile the single node of ``model`` and run it on ``feeds`` (graph inputs by name)."""
+def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *, keep: str | None = None,
+             target: Target | str | None = None) -> np.ndarray:
+    """Compile the single node of ``model`` for ``target`` (default native; one this machine runs) with the
+    production compiler flags (``build.cc``) and run it on ``feeds`` (graph inputs by name)."""
+    target = get_target(target)
     m = ir.serde.deserialize_model(model) if isinstance(model, onnx.ModelProto) else model
     nodes = list(m.graph)
     assert len(nodes) == 1, "run_node takes a one-node model"
     node = nodes[0]
-    src, ins, packed = _source(node, m.graph)
+    src, ins, packed = _source(node, m.graph, target)
     digest = hashlib.sha256(src.encode()).hexdigest()[:16]
     with tempfile.TemporaryDirectory(prefix="dlcc-node-") as tmp:  # the loaded library outlives its file
         c_path = os.path.join(tmp, f"n{digest}.c")
@@ -95,10 +100,7 @@ def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *,
         if keep:
             with open(keep, "w") as f:
                 f.write(src)
-        proc = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-std=gnu11", "-o", so_path, c_path, "-lm"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"cc failed:\n{proc.stderr}\n--- source ---\n{src}")
+        compile_files(compiler(), flags_for(target), [Path(c_path)], Path(so_path), Path(tmp))
         lib = ctypes.CDLL(so_path)
     arrays = []
     for v in ins:
@@ -110,6 +112,18 @@ def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *,
     lib.dlcc_node.restype = None
     lib.dlcc_node(*ptrs)
     return result
+
+
+def runnable_targets() -> list[str]:
+    """The named targets whose C this machine runs (native first), one per vector width: what a template's
+    tests run it for, so every lane count a target can ask for is exercised here."""
+    seen, out = set(), []
+    for name in NAMES:
+        t = get_target(name)
+        if t.runs_here() and t.lanes not in seen:
+            seen.add(t.lanes)
+            out.append(name)
+    return out
 
 
 def ort_output(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:

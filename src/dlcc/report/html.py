@@ -3,7 +3,8 @@
 What goes in: an onnx_ir model and a FusionPlan made on its graph, and a page title.
 What comes out: one static HTML document (inline ``<style>`` and SVG, a few lines of optional inline
 script for hover highlighting; no network access of any kind, readable without JavaScript): a summary
-header, the graph drawing, and a table of the groups.
+header, the graph drawing, and a table of the groups. With ``compiled`` (``dlcc report --compiled``), a section
+from ``dlcc.report.charts`` after the header: the time per kernel and the arena's occupancy over the schedule.
 
 Layout (a small Sugiyama-style layered drawing, O(n log n) for n nodes and O(n) edges):
 1. layering: nodes come in graph (topological) order, so one pass gives each node its longest-path
@@ -299,16 +300,21 @@ def _summary(model: ir.Model, plan: FusionPlan) -> str:
     return "\n".join(out)
 
 
-def render_report(model: ir.Model, plan: FusionPlan, *, title: str) -> str:
-    """The complete HTML page for ``model`` and its fusion ``plan`` (drawn on ``plan.graph``)."""
+def render_report(model: ir.Model, plan: FusionPlan, *, title: str, compiled=None) -> str:
+    """The complete HTML page for ``model`` and its fusion ``plan`` (drawn on ``plan.graph``); with
+    ``compiled`` (``dlcc.report.charts.CompiledFigures``) also the time per kernel and the arena charts."""
+    from dlcc.report.charts import CHART_STYLE, compiled_section
+
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_esc(title)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
+        f"<style>{_STYLE}{CHART_STYLE if compiled is not None else ''}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
         _summary(model, plan),
+        compiled_section(compiled) if compiled is not None else "",
+        "<h2>Graph</h2>" if compiled is not None else "",
         '<div class="drawing">',
         _svg(plan.graph, plan),
         "</div>",
@@ -320,8 +326,9 @@ def render_report(model: ir.Model, plan: FusionPlan, *, title: str) -> str:
     ])
 
 
-def write_report(model: ir.Model, plan: FusionPlan, path: str | os.PathLike, *, title: str) -> None:
+def write_report(model: ir.Model, plan: FusionPlan, path: str | os.PathLike, *, title: str,
+                 compiled=None) -> None:
     """Render the report and write it to ``path`` atomically (UTF-8; no partial file on failure)."""
-    page = render_report(model, plan, title=title)
+    page = render_report(model, plan, title=title, compiled=compiled)
     with atomic_output(path, "wb") as f:
         f.write(page.encode("utf-8"))

@@ -10,6 +10,9 @@ there is no epilogue and the accumulated values already are the result, so that 
 
 Registry: ``TEMPLATES[op_type] = function(call) -> str``; ``NEEDS_BUFFERS`` lists the op types whose
 inputs must be materialized buffers (``Operand.ref`` set) rather than inlined expressions.
+Target: ``call.target`` (a ``dlcc.schedule.target.Target``) gives the vector width, registers and caches
+every lane count, register tile and cache block derives from; the C may use ``dlcc_vf``, the target's
+float vector (``cbase.vector_helpers``, in every generated file's prelude).
 Weights: an operand whose ``const`` is set is a compile-time constant; ``call.packed(array)`` adds a
 rearranged copy as a new weight buffer (compile-time repacking into the layout the kernel reads fastest).
 A template that meets an attribute or shape it does not handle raises ``TemplateError``.
@@ -24,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dlcc.codegen.cbase import Names, Operand, Store, TensorRef
+from dlcc.schedule.target import Target, get_target
 
 __all__ = ["NEEDS_BUFFERS", "TEMPLATES", "TemplateCall", "register"]
 
@@ -39,6 +43,7 @@ class TemplateCall:
     direct: bool
     names: Names = field(default_factory=Names)
     pack: Callable[[np.ndarray], TensorRef] | None = None
+    target: Target = field(default_factory=get_target)  # every lane count and tile size derives from it
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);

@@ -25,41 +25,19 @@ Sums run in a different order than onnxruntime: tests compare with rtol 1e-4 (DE
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, c_helper, indent, loops
+from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
 
-
-def _host_lanes() -> int:
-    """Floats per accumulator vector: 16 when the compiling host has AVX-512 (the C is built with
-    -march=native), else 8. Only speed depends on it: GCC lowers wider vectors on any target."""
-    override = os.environ.get("DLCC_CONV_LANES")
-    if override in ("8", "16"):
-        return int(override)
-    try:
-        with open("/proc/cpuinfo") as f:
-            return 16 if " avx512f" in f.read() else 8
-    except OSError:
-        return 8
-
-
-LANES = _host_lanes()
-OC_BLOCK = 6  # output channels accumulated together (share input loads): 6 x 2 vector accumulators
-COL_FLOATS = 7168  # the im2col stack buffer (28 KB)
 # im2col is used for short rows (or a strided last dim) when a chunk of input channels gives at least this
 # reduction length (measured: shorter chunks lose to the direct path's register tiles)
 IM2COL_MIN_RED = 64
 IM2COL_MIN_RED_STRIDED = 16
-# GCC vector extension; unaligned load/store through memcpy. Macros, not
-# functions: returning a 32/64-byte vector from a function changes the ABI without AVX (-Wpsabi).
-c_helper(f"dlcc_vf{LANES}", f"""typedef float dlcc_vf __attribute__((vector_size({4 * LANES})));
-#define dlcc_vf_load(p) __extension__ ({{ dlcc_vf dlcc_vf_l_; memcpy(&dlcc_vf_l_, (p), {4 * LANES}); dlcc_vf_l_; }})
-#define dlcc_vf_store(p, v) do {{ dlcc_vf dlcc_vf_s_ = (v); memcpy((p), &dlcc_vf_s_, {4 * LANES}); }} while (0)""")
+
 
 
 def lin(*terms: int | tuple[str, int]) -> str:
@@ -171,6 +149,8 @@ def _common(call: TemplateCall):
 
 @register("Conv", needs_buffers=True)
 def conv(call: TemplateCall) -> str:
+    LANES, OC_BLOCK = call.target.lanes, call.target.conv_oc_block
+    COL_FLOATS = call.target.l1d_bytes * 7 // 32  # the im2col stack buffer: 7/8 of L1d
     if math.prod(call.out_shape) == 0:
         return ""  # empty output: nothing to compute
     xref, w, bref, r, ks, group, strides, dils = _common(call)
@@ -244,6 +224,7 @@ def _direct(call: TemplateCall, xref: TensorRef, wconv: np.ndarray | None,
     loop with plain vector loads. ``wconv``: the constant weight as (M, Cg, prod(ks)) in Conv layout, packed
     as [group][block][ic][taps][6]; otherwise ``wexpr(g, m, ic, k indices)`` reads the runtime weight of
     output channel g*Mg + m, input channel g*Cg + ic."""
+    LANES = call.target.lanes
     names = call.names
     N = xref.shape[0]
     r = len(ks)
@@ -415,7 +396,7 @@ def _direct(call: TemplateCall, xref: TensorRef, wconv: np.ndarray | None,
             flush()
         return "\n".join(p for p in parts if p)
 
-    code = _blocks(names, Mg, block)
+    code = _blocks(names, Mg, block, call.target.conv_oc_block)
     for d in reversed(range(r - 1)):
         if osp[d] != "0":
             code = f"for (int64_t {osp[d]} = 0; {osp[d]} < {O_outer[d]}; ++{osp[d]}) {{\n{indent(code)}\n}}"
@@ -428,6 +409,7 @@ def _direct(call: TemplateCall, xref: TensorRef, wconv: np.ndarray | None,
 
 def _pack_blocks(call: TemplateCall, wconv: np.ndarray, group: int, Mg: int) -> TensorRef:
     """The Conv-layout weight (M, Cg, taps) packed as [group][channel block][ic][taps][j < 6]."""
+    OC_BLOCK = call.target.conv_oc_block
     M, Cg, Kp = wconv.shape
     w2 = wconv.reshape(M, Cg * Kp)
     chunks = []
@@ -443,6 +425,8 @@ def _conv_im2col(call: TemplateCall, xref: TensorRef, wconv: np.ndarray, bref: T
     channels) the receptive fields are gathered into a zero-padded stack buffer col[ic][taps][positions]
     (< 32 KB), then a GEMM with (6 channels x 2 vectors) register tiles runs over the flattened output
     positions, accumulating partial sums in ``call.scratch`` across chunks; ``store`` is applied at the end."""
+    LANES, OC_BLOCK = call.target.lanes, call.target.conv_oc_block
+    COL_FLOATS = call.target.l1d_bytes * 7 // 32
     names = call.names
     sref = call.scratch
     N, _, *ins = xref.shape
@@ -538,7 +522,7 @@ def _conv_im2col(call: TemplateCall, xref: TensorRef, wconv: np.ndarray, bref: T
         return "\n".join(parts)
 
     chunk = "\n".join([f"const int64_t {cn} = {Cg} - {c0} < {CC} ? {Cg} - {c0} : {CC};", gather,
-                       _blocks(names, Mg, block)])
+                       _blocks(names, Mg, block, OC_BLOCK)])
     code = f"for (int64_t {c0} = 0; {c0} < {Cg}; {c0} += {CC}) {{\n{indent(chunk)}\n}}"
     if group > 1:
         code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
@@ -578,7 +562,7 @@ def _block_list(total: int, size: int) -> list[tuple[int, int]]:
     return [(m, min(size, total - m)) for m in range(0, total, size)]
 
 
-def _blocks(names: Names, total: int, block: Callable[[str, int], str], size: int = OC_BLOCK,
+def _blocks(names: Names, total: int, block: Callable[[str, int], str], size: int,
             var: str | None = None) -> str:
     """Code running ``block(start, count)`` over [0, total) in blocks of ``size`` (a loop) plus a tail."""
     full, tail = divmod(total, size)

@@ -23,15 +23,12 @@ from dlcc.codegen.cbase import TemplateError, TensorRef, c_float, indent, loops
 from dlcc.codegen.expr import broadcast_index
 from dlcc.codegen.templates import TemplateCall, register
 
-MR = 4  # rows of A per block
-PANEL_BYTES = 256 * 1024  # B panel (K x nb floats) budget: about half an L2 cache
 NB_MAX = 256
 DOT_N = 8  # below this many output columns, use dot products along k
-LANES = 8
 
 
-def _panel_width(n: int, k: int) -> int:
-    nb = PANEL_BYTES // (4 * max(k, 1))
+def _panel_width(n: int, k: int, panel_bytes: int) -> int:
+    nb = panel_bytes // (4 * max(k, 1))
     nb = max(16, min(NB_MAX, nb - nb % 16))
     return n if n <= nb else nb
 
@@ -66,7 +63,7 @@ class _Gemm:
 
     # -- B access for the panel kernel
     def _setup_panels(self) -> None:
-        self.nb = _panel_width(self.n, self.k)
+        self.nb = _panel_width(self.n, self.k, self.call.target.gemm_panel_bytes)
         self.packed = None
         if self.b_const is not None:
             if self.b_ref is not None and self.nb == self.n:
@@ -89,6 +86,7 @@ class _Gemm:
         n, m, nb = self.n, self.m, self.nb
         parts = []
         nfull, ntail = divmod(n, nb)
+        MR = self.call.target.gemm_rows  # rows of A per block
         mfull, mtail = divmod(m, MR)
         col_blocks = []
         if nfull:
@@ -131,6 +129,7 @@ class _Gemm:
 
     # -- few columns: dot products along k
     def _dot(self, bidx: list[str]) -> str:
+        LANES = self.call.target.lanes  # partial sums of a dot product: one vector
         nm = self.names
         if not hasattr(self, "bt"):
             self.bt = None

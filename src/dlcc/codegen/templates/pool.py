@@ -198,11 +198,11 @@ def pool(call: TemplateCall) -> str:
     return "\n".join([*decls, code])
 
 
-LANES = 8  # partial sums of the global reductions (a vectorizable accumulator)
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", needs_buffers=True)
 def global_pool(call: TemplateCall) -> str:
+    LANES = call.target.lanes  # partial sums (a vectorizable accumulator): one vector
     op = call.node.op_type
     xref = _input(call)
     N, C, *ins = xref.shape

@@ -28,7 +28,6 @@ __all__ = ["Pass", "reduce_axes", "row_reduce"]
 
 TAIL_LIMIT = 4096  # max elements of the per-row accumulator arrays (16 KB of floats)
 CACHE_LIMIT = 4096  # max elements of a cached row
-LANES = 8
 
 Get = Callable[[str], str]
 
@@ -72,6 +71,7 @@ def row_reduce(call: TemplateCall, x: Operand, axes: Sequence[int], passes: list
     """C for a multi-pass reduction of ``x`` over ``axes``, followed either by one ``store`` per reduced
     row (``finish_reduce(get)`` is the value, ``out_index(full)`` the output index with reduced dims at 0)
     or by one ``store`` per input element (``finish_elem(x_expr, get, cached, idx)``; output index = input's)."""
+    LANES = call.target.lanes  # partial sums (a vectorizable accumulator): one vector
     names = call.names
     shape = list(x.shape)
     r = len(shape)

@@ -1,0 +1,62 @@
+"""The compiled-model charts: one bar per kernel, escaped op names, arena lines, degenerate inputs."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+from dlcc.build.profile import profile_rows
+from dlcc.report.charts import CompiledFigures, arena_chart, compiled_section, kernel_chart
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def _figures(n: int, seconds=None) -> CompiledFigures:
+    kernels = [{"id": i, "ops": "Conv+Relu" if i % 2 else HOSTILE, "flops": 1000 * (i + 1) if i % 3 else None,
+                "bytes": 64 * (i + 1)} for i in range(n)]
+    seconds = [1e-4 * (i + 1) for i in range(n)] if seconds is None else seconds
+    live = [1024 * (i % 4 + 1) for i in range(n)]
+    return CompiledFigures(profile_rows(kernels, seconds), 3, 50.0, 1, live, [v + 64 for v in live],
+                           8192, 4096)
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs) -> None:
+        pass
+
+    def handle_endtag(self, tag) -> None:
+        if not self.stack or self.stack.pop() != tag:
+            self.errors.append(tag)
+
+
+def test_one_bar_per_kernel_and_escaped() -> None:
+    fig = _figures(7)
+    svg = kernel_chart(fig)
+    assert len(re.findall(r'<rect class="kbar"', svg)) == 7
+    assert "<script>" not in svg and "&lt;script&gt;" in svg
+    section = compiled_section(fig)
+    assert "<script>" not in section
+    tags = _Tags()
+    tags.feed(section)
+    assert not tags.errors and not tags.stack
+
+
+def test_arena_chart_draws_the_bounds() -> None:
+    svg = arena_chart(_figures(5))
+    assert 'class="live"' in svg and 'class="top"' in svg
+    assert "arena 8.00 KiB" in svg and "lower bound 4.00 KiB" in svg
+
+
+def test_degenerate_inputs() -> None:
+    for fig in (_figures(0, []), _figures(3, [0.0, 0.0, 0.0])):
+        section = compiled_section(fig)
+        assert section.count('class="kbar"') == len(fig.rows)
+        assert "nan" not in section.lower().replace("nano", "")

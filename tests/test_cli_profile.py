@@ -1,0 +1,71 @@
+"""``dlcc run --profile`` on a model and on a bundle, and ``dlcc report --compiled``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+
+from dlcc.testing import KIT_MODELS, randomize
+
+
+@pytest.fixture(scope="module")
+def residual_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "residual.onnx"
+    onnx.save(randomize(KIT_MODELS["residual"](), seed=0), path)
+    return path
+
+
+def _kernel_rows(out: str) -> list[str]:
+    return re.findall(r"^\W*(k\d+)\W", out, re.M)
+
+
+def test_run_model_profile(cli, residual_path: Path) -> None:
+    code, out, err = cli("run", residual_path, "--profile", "--bench", "2")
+    assert code == 0, err
+    assert "best of 2 profiled runs" in out
+    kernels = _kernel_rows(out)
+    assert len(kernels) == 2 and sorted(kernels) == ["k0", "k1"]
+    assert re.search(r"total\W+2 kernels", out)
+    assert "Conv+Add+Relu" in out and "% peak" in out
+    assert re.search(r"peak: [0-9.]+ GFLOP/s float32 FMA per core .*1 thread", out)
+
+
+def test_run_bundle_profile(cli, residual_path: Path, tmp_path: Path) -> None:
+    bundle = tmp_path / "b"
+    code, _, err = cli("compile", residual_path, "-o", bundle)
+    assert code == 0, err
+    figures = json.loads((bundle / "model.json").read_text())["figures"]
+    assert [k["ops"] for k in figures["per_kernel"]] == ["Conv+Relu", "Conv+Add+Relu"]
+    code, out, err = cli("run", bundle, "--profile")
+    assert code == 0, err
+    assert sorted(_kernel_rows(out)) == ["k0", "k1"] and "best of 10 profiled runs" in out
+    assert "latency" not in err  # no --bench: no latency line
+    code, out, err = cli("run", bundle, "--profile", "--bench", "3")
+    assert code == 0 and "best of 3 profiled runs" in out and "mean of 3" in err
+
+
+def test_bundle_without_figures_is_refused(cli, residual_path: Path, tmp_path: Path) -> None:
+    bundle = tmp_path / "old"
+    assert cli("compile", residual_path, "-o", bundle)[0] == 0
+    manifest = json.loads((bundle / "model.json").read_text())
+    del manifest["figures"]["per_kernel"]
+    (bundle / "model.json").write_text(json.dumps(manifest))
+    code, _, err = cli("run", bundle, "--profile")
+    assert code == 2 and "no per-kernel figures" in err and "Traceback" not in err
+
+
+def test_report_compiled_has_the_charts(cli, residual_path: Path, tmp_path: Path) -> None:
+    page = tmp_path / "r.html"
+    code, _, err = cli("report", residual_path, "-o", page, "--compiled", "--bench", "2")
+    assert code == 0, err
+    text = page.read_text()
+    assert text.count('<svg xmlns="http://www.w3.org/2000/svg" class="kernel-chart"') == 1
+    assert len(re.findall(r'<rect class="kbar"', text)) == 2
+    assert 'class="arena-chart"' in text and "lower bound" in text and "Time per kernel" in text
+    plain = tmp_path / "plain.html"
+    assert cli("report", residual_path, "-o", plain)[0] == 0
+    assert "kbar" not in plain.read_text()
