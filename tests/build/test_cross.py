@@ -1,0 +1,71 @@
+"""A bundle generated for another architecture: C for aarch64 (NEON-width vectors, ARMv8-A flags) generated
+on this machine, cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-user, matches
+onnxruntime. `.ci/run` installs the two packages when it can; without them the test is skipped, saying so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+
+from dlcc.check import diff, random_inputs, run_ort
+from dlcc.cli import main
+from dlcc.schedule.target import host_arch
+from dlcc.testing import KIT_MODELS
+from dlcc.testing.randomize import randomize
+
+CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", "/usr/aarch64-linux-gnu"
+RTOL, ATOL = 1e-4, 1e-6  # as in test_bundle.py: level-3 folding and another summation order
+
+
+def _missing() -> str | None:
+    if host_arch() == "aarch64":
+        return "this machine is aarch64: the native bundle tests cover it"
+    gone = [tool for tool in (CROSS_CC, QEMU, "make") if shutil.which(tool) is None]
+    if gone:
+        return (f"needs {', '.join(gone)} (Debian: apt-get install gcc-aarch64-linux-gnu qemu-user; .ci/run "
+                "installs them when it runs as root with apt)")
+    return None
+
+
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+@pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder"])
+def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -> None:
+    model = randomize(KIT_MODELS[name](), seed=0)
+    src = tmp_path / f"{name}.onnx"
+    onnx.save(model, src)
+    out = tmp_path / "b"
+    assert main(["compile", str(src), "-o", str(out), "--target", "aarch64", "--build"]) == 0, capsys.readouterr().err
+    assert "-march=armv8-a" in (out / "Makefile").read_text()
+    assert "vector_size(16)" in "".join(p.read_text() for p in out.glob("kernels_*.c"))
+    manifest = json.loads((out / "model.json").read_text())
+    assert manifest["target"] == "aarch64"
+    feeds = random_inputs(model, seed=1)
+    files = []
+    for i, spec in enumerate(manifest["inputs"]):
+        p = tmp_path / f"in{i}.npy"
+        np.save(p, feeds[spec["name"]])
+        files.append(str(p))
+    proc = subprocess.run([QEMU, "-L", SYSROOT, str(out / "model"), "-q", "-o", str(tmp_path), *files],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ref = run_ort(model, feeds)
+    for spec in manifest["outputs"]:
+        d = diff(spec["name"], ref[spec["name"]], np.load(tmp_path / spec["file"]), rtol=RTOL, atol=ATOL)
+        assert d.ok, d.reason
+    capsys.readouterr()
+    assert main(["run", str(out)]) == 2  # this machine cannot run it: a clear error, how to rebuild
+    assert "built for aarch64" in capsys.readouterr().err
+
+
+def test_a_model_for_another_architecture_is_not_loaded_in_python(small_path, capsys) -> None:
+    import dlcc
+    from dlcc.errors import DlccError
+
+    other = "aarch64" if host_arch() != "aarch64" else "x86-64-v3"
+    with pytest.raises(DlccError, match="cannot run on this machine"):
+        dlcc.compile(str(small_path), input_shapes={"x": [2, 4]}, target=other)
