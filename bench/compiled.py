@@ -30,8 +30,9 @@ import numpy as np  # noqa: E402
 
 import dlcc  # noqa: E402
 from dlcc.build.probe import fma_peak_gflops  # noqa: E402
-from dlcc.check import _session, diff, interleaved_best_ms, random_inputs  # noqa: E402
+from dlcc.check import _session, diff, random_inputs  # noqa: E402
 from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model, randomize  # noqa: E402
+from dlcc.testing.models import transformer_encoder_block  # noqa: E402
 from machine import write_section  # noqa: E402
 
 # VmHWM, reset after the session is created (clear_refs 5), so the growth is what the run itself needs
@@ -66,26 +67,64 @@ def _ort_peak(proto, feeds, tmp: Path) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
+# models at real sizes, built in code (seeded random weights)
+SIZED = {
+    # BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN 3072, sequence 128, batch 1
+    "bert_base_enc": lambda: transformer_encoder_block(batch=1, seq=128, vocab=1000, d_model=768, heads=12,
+                                                      ffn=3072, layers=12),
+}
+
+
+def _model(name: str):
+    if name in LIGHT_MODELS:
+        return light_model(name, seed=0)
+    if name in SIZED:
+        return SIZED[name]()
+    return randomize(KIT_MODELS[name](), seed=0)
+
+
+def _interleaved(fns, runs: int) -> list[tuple[float, float]]:
+    """(best, median) wall time in ms of each callable over ``runs`` rounds, called in turns each round."""
+    times = [[] for _ in fns]
+    for _ in range(runs):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t)
+    return [(1e3 * min(ts), 1e3 * float(np.median(ts))) for ts in times]
+
+
 def bench_model(name: str, runs: int, tmp: Path) -> dict:
-    proto = light_model(name, seed=0) if name in LIGHT_MODELS else randomize(KIT_MODELS[name](), seed=0)
+    proto = _model(name)
     feeds = random_inputs(proto, seed=1)
     t0 = time.perf_counter()
-    cm = dlcc.compile(proto)
+    cm = dlcc.compile(proto, threads=2)
     compile_s = time.perf_counter() - t0
     sess = _session(proto, threads=1)
+    sess2 = _session(proto, threads=2)
     ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
     got = cm(feeds)
     err = max(diff(k, ref[k], got[k], rtol=1e-4, atol=1e-6).max_abs / max(float(np.max(np.abs(ref[k]))), 1e-30)
               for k in ref)
+
+    def dlcc_at(threads: int):
+        def run():
+            cm.threads = threads
+            cm(feeds)
+        return run
+
+    fns = [dlcc_at(1), lambda: sess.run(None, feeds), dlcc_at(2), lambda: sess2.run(None, feeds)]
     for _ in range(2):  # warm-up
-        cm(feeds)
-        sess.run(None, feeds)
-    dlcc_ms, ort_ms = interleaved_best_ms([lambda: cm(feeds), lambda: sess.run(None, feeds)], runs)
+        for fn in fns:
+            fn()
+    (d1, d1m), (o1, o1m), (d2, d2m), (o2, o2m) = _interleaved(fns, runs)
+    dlcc_ms, ort_ms = d1, o1
     info = cm.info
     ort_delta, ort_total = _ort_peak(proto, feeds, tmp)
     return {"model": name, "compile s": compile_s, "cc s": info["timings"].get("cc", 0.0),
             "kernels": info["kernels"], "err": err,
-            "dlcc ms": dlcc_ms, "ort ms": ort_ms, "arena": info["arena_bytes"],
+            "dlcc ms": dlcc_ms, "ort ms": ort_ms, "dlcc med": d1m, "ort med": o1m, "dlcc2 ms": d2, "dlcc2 med": d2m,
+            "ort2 ms": o2, "ort2 med": o2m, "arena": info["arena_bytes"],
             "lb": info["lower_bound_bytes"], "noreuse": info["no_reuse_bytes"], "ort delta": ort_delta,
             "ort total": ort_total, "fusion": info["fusion"],
             "gflop": sum(k["flops"] or 0 for k in info["per_kernel"]) / 1e9}
@@ -94,15 +133,19 @@ def bench_model(name: str, runs: int, tmp: Path) -> dict:
 def render(rows: list[dict], peak: float) -> str:
     """The table; ``peak`` is the measured single-core FMA peak (dlcc.build.probe) in GFLOP/s."""
     mb = 1024 * 1024
-    head = ["model", "kernels (planner)", "compile s (cc)", "max rel err", "dlcc ms", "onnxruntime ms",
-            "dlcc / ort", "dlcc GFLOP/s", "% of measured FMA peak", "arena MiB",
+    head = ["model", "kernels (planner)", "compile s (cc)", "max rel err", "dlcc 1T ms", "ort 1T ms",
+            "ort/dlcc 1T", "dlcc 2T ms", "ort 2T ms", "ort/dlcc 2T", "dlcc 2T speedup", "dlcc 1T GFLOP/s",
+            "% of measured FMA peak (1T)", "arena MiB",
             "lower bound MiB", "arena / bound", "no reuse MiB",
             "ort peak RSS growth MiB", "ort peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join([
             r["model"], f"{r['kernels']} ({r['fusion']})", f"{r['compile s']:.1f} ({r['cc s']:.1f})", f"{r['err']:.1e}",
-            f"{r['dlcc ms']:.2f}", f"{r['ort ms']:.2f}", f"{r['dlcc ms'] / r['ort ms']:.2f}",
+            f"{r['dlcc ms']:.2f} / {r['dlcc med']:.2f}", f"{r['ort ms']:.2f} / {r['ort med']:.2f}",
+            f"{r['ort ms'] / r['dlcc ms']:.2f}", f"{r['dlcc2 ms']:.2f} / {r['dlcc2 med']:.2f}",
+            f"{r['ort2 ms']:.2f} / {r['ort2 med']:.2f}", f"{r['ort2 ms'] / r['dlcc2 ms']:.2f}",
+            f"{r['dlcc ms'] / r['dlcc2 ms']:.2f}",
             f"{r['gflop'] / (r['dlcc ms'] / 1e3):.1f}", f"{100 * r['gflop'] / (r['dlcc ms'] / 1e3) / peak:.1f}",
             f"{r['arena'] / mb:.2f}", f"{r['lb'] / mb:.2f}", f"{r['arena'] / r['lb']:.3f}" if r["lb"] else "-",
             f"{r['noreuse'] / mb:.2f}", f"{r['ort delta'] / mb:.1f}", f"{r['ort total'] / mb:.0f}",
@@ -114,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join([*LIGHT_MODELS, *KIT_MODELS]))
+    parser.add_argument("--models", default=",".join([*LIGHT_MODELS, *KIT_MODELS, *SIZED]))
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--json", help="also write the rows as JSON to this file")
@@ -134,9 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if not args.no_write:
         body = ("Run: `make bench` (bench/compiled.py). dlcc.compile (level 3, dlcc-c target, --fusion auto, "
-                "-O3 -march=native) against onnxruntime (1 thread, all graph optimizations), best of "
-                f"{args.runs} interleaved runs in one process. GFLOP/s: dlcc.ops.cost FLOPs of the compiled "
-                f"kernels over dlcc's time; % of the measured single-core float32 FMA peak ({peak:.1f} GFLOP/s, "
+                "-O3 -march=native, compiled for 2 threads and run at 1 and 2) against onnxruntime (1 and 2 "
+                "intra-op threads, all graph optimizations); times are best / median ms of "
+                f"{args.runs} interleaved runs in one process (the four configurations take turns); ratios "
+                "are onnxruntime's best over dlcc's (above 1: dlcc is faster). GFLOP/s: dlcc.ops.cost FLOPs of "
+                "the compiled kernels over dlcc's time; % of the measured single-core float32 FMA peak "
+                f"({peak:.1f} GFLOP/s, "
                 "dlcc.build.probe, as in `dlcc run --profile`). Memory: dlcc's arena (all intermediate "
                 "tensors) and its lower bound (peak of simultaneously live bytes); onnxruntime's peak RSS "
                 "growth during its first inference (VmHWM reset after the session is created; onnxruntime "

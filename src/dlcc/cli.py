@@ -166,7 +166,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with _progress(f"compiling {args.model}") as update:
         art = build_artifacts(_pt2_or_path(args.model), input_shapes=shapes, fusion=args.fusion,
-                              on_stage=update, target=_machine_target(args))
+                              on_stage=update, target=_machine_target(args), threads=args.threads)
         update("writing the bundle")
         out = write_bundle(art, args.output, source=str(Path(args.model).resolve()))
         size = None
@@ -181,8 +181,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_bundle(path: Path, feeds: dict, bench: int,
-                profile: bool = False) -> tuple[dict, float | None, list[float] | None]:
+def _run_bundle(path: Path, feeds: dict, bench: int, profile: bool = False,
+                threads: int | None = None) -> tuple[dict, float | None, list[float] | None]:
     import errno
     import re
     import subprocess
@@ -204,7 +204,7 @@ def _run_bundle(path: Path, feeds: dict, bench: int,
             np.save(f, np.ascontiguousarray(feeds[spec["name"]]))
             files.append(str(f))
         cmd = [str(exe), "-q", "-o", tmp, *(["-n", str(bench)] if bench else []), *(["-p"] if profile else []),
-               *files]
+               *(["-t", str(threads)] if threads else []), *files]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as e:
@@ -298,11 +298,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             threads = manifest.get("figures", {}).get("threads", 1)
         with _progress(f"running {target}"):
             outs, latency, seconds = _run_bundle(target, feeds, (bench or PROFILE_RUNS) if args.profile else bench,
-                                                 profile=args.profile)
+                                                 profile=args.profile, threads=args.threads)
     else:
         with _progress(f"compiling {target}") as update:
             cm = dlcc.compile(str(target), input_shapes=_input_shapes(args.input_shape), fusion=args.fusion,
-                              target=_machine_target(args),
+                              target=_machine_target(args), threads=args.threads,
                               on_stage=update)
         specs = {n: (d, s) for n, d, s in cm.inputs}
         feeds = _feeds(specs, files, args.seed)
@@ -439,11 +439,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     plan = None
     if args.fusion:
         from dlcc.api import optimize
-        from dlcc.fusion import plan_fusion
+        from dlcc.compiler import choose_fusion
 
         with _progress("planning fusion"):
             optimize(model, level=args.level, emit=lambda s: None)  # fusion plans the optimized graph
-            plan = plan_fusion(model, args.fusion)
+            plan, _ = choose_fusion(model, args.fusion, estimate_if_unlowerable=True)  # compile's choice
     if args.json:
         data = summary_dict(summary)
         if plan is not None:
@@ -491,7 +491,7 @@ def _report_compiled(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from dlcc.api import optimize
-    from dlcc.fusion import plan_fusion
+    from dlcc.compiler import choose_fusion
     from dlcc.report import write_report
 
     if args.compiled:
@@ -502,7 +502,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         optimize(model, level=args.level, input_shapes=_input_shapes(args.input_shape), emit=lambda s: None,
                  on_pass=update)
         update("planning fusion")
-        plan = plan_fusion(model, args.fusion)
+        plan, _ = choose_fusion(model, args.fusion, estimate_if_unlowerable=True)  # the plan compile takes
         update("drawing")
         write_report(model, plan, args.output, title=Path(args.model).name)
     _err.print(f"dlcc: wrote {args.output}: {model.graph.num_nodes()} nodes in {plan.num_kernels} kernels; "
@@ -585,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
 
         p.add_argument("--target", dest="machine_target", default=None, choices=NAMES,
                        help="the machine the C is generated for (default native: this one)")
+        p.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="threads the compiled model runs on (default: the target's cores, this machine's "
+                            "for native; 1 = no thread pool, no pthreads)")
 
     def legacy_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument("--keep-initializer-inputs", action="store_true",

@@ -3,7 +3,8 @@
 What goes in: a model (path, bytes, ModelProto or onnx_ir model — an onnx_ir model is copied, not
 changed) and options: ``input_shapes`` to fix symbolic dims, ``fusion`` (auto | tvm | dnnfusion),
 ``target`` (``dlcc.schedule.target``: native, x86-64-v4, x86-64-v3, aarch64, generic; ``portable`` is
-``target="generic"``), ``level`` (graph optimization level),
+``target="generic"``), ``threads`` (the generated thread pool's size; default the target's cores, 1 = no
+pthreads), ``level`` (graph optimization level),
 ``constants`` (input name -> array: inputs that are really parameters, such as axes or scales, frozen
 into the model so the code can be specialized to them).
 What comes out: ``Artifacts`` (every stage's result, for the bundle writer, reports and tests), from
@@ -27,7 +28,7 @@ from dlcc.errors import DlccError, UnsupportedModelError
 from dlcc.frontend.sizes import check_tensor_sizes, check_total_bytes
 from dlcc.schedule.target import Target, get_target, host_arch
 
-__all__ = ["Artifacts", "build_artifacts", "compile_model"]
+__all__ = ["BACKEND", "Artifacts", "build_artifacts", "choose_fusion", "compile_model"]
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Artifacts:
     csource: object  # CSource
     timings: dict[str, float] = field(default_factory=dict)
     target: Target = field(default_factory=get_target)
+    threads: int = 1
 
     def info(self) -> dict:
         m = self.memory
@@ -51,6 +53,7 @@ class Artifacts:
             "no_reuse_bytes": m.no_reuse_bytes,
             "weights_bytes": len(self.csource.weights),
             "target": self.target.name,
+            "threads": self.threads,
             "timings": dict(self.timings),
             "per_kernel": _kernel_figures(self.program),  # [{id, ops, flops, bytes}] in call order: --profile
         }
@@ -68,32 +71,58 @@ def _copy(model: ir.Model) -> ir.Model:
 
 def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                     level: int = 3, on_stage: Callable[[str], None] | None = None,
-                    constants: Mapping[str, object] | None = None, target: Target | str | None = None) -> Artifacts:
-    from dlcc.api import optimize
-    from dlcc.codegen.program import generate
-    from dlcc.frontend.load import load
-    from dlcc.frontend.shapes import set_input_shapes, symbolic_inputs
-    from dlcc.fusion import plan_fusion
-    from dlcc.lower.lower import lower, unsupported_ops
-    from dlcc.memory.schedule import plan_program_memory
-
+                    constants: Mapping[str, object] | None = None, target: Target | str | None = None,
+                    threads: int | None = None) -> Artifacts:
     target = get_target(target)
+    b = _Build(model, input_shapes, fusion, level, constants, target, default_threads(target, threads))
     timings: dict[str, float] = {}
     t = time.perf_counter()
-
-    def stage(name: str) -> None:
-        nonlocal t
+    for name, step in BACKEND:
+        step(b)
         now = time.perf_counter()
         timings[name] = now - t
         t = now
         if on_stage:
             on_stage(name)
+    return Artifacts(b.model, b.plan, b.program, b.memory, b.csource, timings, b.target, b.threads)
 
-    m = _copy(model) if isinstance(model, ir.Model) else load(model)
-    if constants:
-        freeze_inputs(m, constants)
-    if input_shapes:
-        set_input_shapes(m, input_shapes)
+
+def default_threads(target: Target, threads: int | None = None) -> int:
+    """``threads`` (at least 1), or by default the target's cores (native: this machine's)."""
+    if threads is None:
+        return max(1, target.cores)
+    if int(threads) < 1:
+        raise DlccError(f"threads must be at least 1, not {threads}")
+    return int(threads)
+
+
+@dataclass
+class _Build:
+    """What the backend stages hand on: the options, then each stage's result in the field it fills."""
+
+    source: object
+    input_shapes: Mapping[str, Sequence[int]] | None
+    fusion: str
+    level: int
+    constants: Mapping[str, object] | None
+    target: Target
+    threads: int
+    model: ir.Model | None = None
+    plan: object = None  # FusionPlan
+    program: object = None  # kir.Program
+    memory: object = None  # MemoryPlan
+    csource: object = None  # CSource
+
+
+def _load(b: _Build) -> None:
+    from dlcc.frontend.load import load
+    from dlcc.frontend.shapes import set_input_shapes, symbolic_inputs
+
+    m = _copy(b.source) if isinstance(b.source, ir.Model) else load(b.source)
+    if b.constants:
+        freeze_inputs(m, b.constants)
+    if b.input_shapes:
+        set_input_shapes(m, b.input_shapes)
     symbolic = symbolic_inputs(m)
     if symbolic:
         name, dims = next(iter(symbolic.items()))
@@ -101,44 +130,120 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
         raise DlccError(f"input '{name}' has a symbolic shape {dims}: compilation needs static shapes",
                         hint=f"fix it with --input-shape {name}={example.replace('N', '1')} "
                              f"(input_shapes={{'{name}': [...]}} in Python)")
-    stage("load")
-    optimize(m, level=level, target="dlcc-c", emit=lambda s: None)
-    _lift_constants(m)
-    stage("optimize")
-    missing = unsupported_ops(m.graph)
+    b.model = m
+
+
+def _optimize(b: _Build) -> None:
+    from dlcc.api import optimize
+
+    optimize(b.model, level=b.level, target="dlcc-c", emit=lambda s: None)
+    _lift_constants(b.model)
+
+
+def _fusion(b: _Build) -> None:
+    from dlcc.lower.lower import unsupported_ops
+
+    missing = unsupported_ops(b.model.graph)
     if missing:
         listing = ", ".join(f"{op} ({n})" for op, n in sorted(missing.items()))
         err = UnsupportedModelError(f"the C backend does not support {sum(missing.values())} node(s): {listing}",
                                     hint="`dlcc optimize` still writes optimized ONNX for this model")
         err.ops = dict(missing)  # op -> count, for callers that name them (the torch.compile fallback)
         raise err
-    _check_static(m)
-    _check_sizes(m)
-    if fusion == "auto":
-        # both planners, judged by what the backend really moves: the bytes each kernel reads and writes
-        # once lowered (a group whose ops must be materialized inside it costs what it costs)
-        candidates = []
-        for name in ("tvm", "dnnfusion"):
-            plan = plan_fusion(m, name)
+    _check_static(b.model)
+    _check_sizes(b.model)
+    b.plan, b.program = choose_fusion(b.model, b.fusion)
+
+
+def _lower(b: _Build) -> None:
+    from dlcc.lower.lower import lower
+
+    if b.program is None:  # auto lowered both plans to choose between them
+        b.program = lower(b.model, b.plan)
+
+
+def _memory(b: _Build) -> None:
+    from dlcc.memory.schedule import plan_program_memory
+
+    b.memory = plan_program_memory(b.program)
+    check_total_bytes("arena and weights", b.memory.arena_bytes + _weights_bytes(b.model))  # before codegen copies
+
+
+def _codegen(b: _Build) -> None:
+    from dlcc.codegen.program import generate
+
+    b.csource = generate(b.program, b.memory, b.target, b.threads)
+
+
+# The backend, in order. Each step fills one field of _Build; its name is its key in ``Artifacts.timings``
+# and what ``on_stage`` is told when it ends.
+BACKEND: list[tuple[str, Callable[[_Build], None]]] = [
+    # read the model, freeze parameter inputs, fix input shapes: the C is specialized to static shapes
+    ("load", _load),
+    # the graph pipeline for the C target, then every constant an initializer (weights go in one blob)
+    ("optimize", _optimize),
+    # refuse what the C backend cannot compile (all unsupported ops at once, sizes) before any backend
+    # work, then group the nodes into kernels (auto: the plan whose lowered kernels move fewer bytes)
+    ("fusion", _fusion),
+    # kernel IR: one loop-nest kernel per group, views for reshape-like ops, epilogues in their template
+    ("lower", _lower),
+    # one arena for every temporary, checked against the size limit before codegen copies the weights
+    ("memory", _memory),
+    # print the kernel IR as C (one function per kernel, the run entry point, the weight blob)
+    ("codegen", _codegen),
+]
+
+
+def choose_fusion(m: ir.Model, fusion: str = "auto", *, estimate_if_unlowerable: bool = False):
+    """The fusion plan ``dlcc.compile`` uses for the optimized graph of ``m``: ``(plan, program)``.
+
+    ``tvm``/``dnnfusion``: that planner's plan, and no program (lowering is the next stage). ``auto``: both
+    planners, judged by what the backend really moves: the bytes each kernel reads and writes once lowered
+    (a group whose ops must be materialized inside it costs what it costs); the chosen plan's program comes
+    along. ``dlcc report`` and ``dlcc inspect --fusion`` call this too, so they show the plan compile takes;
+    with ``estimate_if_unlowerable``, a graph the C backend cannot lower (unsupported ops, shapes not
+    static, an attribute no template handles) falls back to the planners' byte estimate, and the plan's
+    reason says so.
+    """
+    from dlcc.codegen.cbase import TemplateError
+    from dlcc.fusion import plan_fusion
+    from dlcc.lower.lower import lower, unsupported_ops
+
+    if fusion != "auto":
+        return plan_fusion(m, fusion), None
+
+    def estimate(why: str):
+        plan = plan_fusion(m, "auto")
+        plan.reason += f"; by the bytes estimate, as the C backend cannot lower this graph ({why})"
+        return plan, None
+
+    if estimate_if_unlowerable:
+        missing = unsupported_ops(m.graph)
+        if missing:
+            return estimate("unsupported: " + ", ".join(sorted(missing)))
+        if not _is_static(m):
+            return estimate("shapes not static")
+    candidates = []
+    for name in ("tvm", "dnnfusion"):
+        plan = plan_fusion(m, name)
+        try:
             program = lower(m, plan)
-            candidates.append((program_traffic(program), name, plan, program))
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        traffic, _, plan, program = candidates[0]
-        plan.reason = "auto: " + ", ".join(f"{n} {t / 1e6:.1f} MB in {len(p.kernels)} kernels"
-                                           for t, n, _, p in sorted(candidates, key=lambda c: c[1])) + \
-            f" of kernel traffic; chose {plan.planner}"
-        stage("fusion")
-    else:
-        plan = plan_fusion(m, fusion)
-        stage("fusion")
-        program = lower(m, plan)
-    stage("lower")
-    memory = plan_program_memory(program)
-    check_total_bytes("arena and weights", memory.arena_bytes + _weights_bytes(m))  # before codegen copies
-    stage("memory")
-    csource = generate(program, memory, target)
-    stage("codegen")
-    return Artifacts(m, plan, program, memory, csource, timings, target)
+        except TemplateError as e:
+            if not estimate_if_unlowerable:
+                raise
+            return estimate(str(e))
+        candidates.append((program_traffic(program), name, plan, program))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    traffic, _, plan, program = candidates[0]
+    plan.reason = "auto: " + ", ".join(f"{n} {t / 1e6:.1f} MB in {len(p.kernels)} kernels"
+                                       for t, n, _, p in sorted(candidates, key=lambda c: c[1])) + \
+        f" of kernel traffic; chose {plan.planner}"
+    return plan, program
+
+
+def _is_static(m: ir.Model) -> bool:
+    return all(v.shape is not None and all(isinstance(d, int) for d in v.shape) and v.dtype is not None
+               for node in m.graph for v in node.outputs)
 
 
 def program_traffic(program) -> int:
@@ -224,7 +329,8 @@ def _check_sizes(m: ir.Model) -> None:
 
 def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                   portable: bool = False, level: int = 3, on_stage: Callable[[str], None] | None = None,
-                  constants: Mapping[str, object] | None = None, target: Target | str | None = None):
+                  constants: Mapping[str, object] | None = None, target: Target | str | None = None,
+                  threads: int | None = None):
     """Compile ``model`` to a ``CompiledModel`` (see the module docstring)."""
     target = get_target("generic" if portable and target is None else target)
     if not target.runs_here():
@@ -237,9 +343,9 @@ def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = N
     from dlcc.build.runtime import CompiledModel, aligned_empty
 
     art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage,
-                          constants=constants, target=target)
+                          constants=constants, target=target, threads=threads)
     t = time.perf_counter()
-    lib = build_shared(art.csource.files, target=target)
+    lib = build_shared(art.csource.files, target=target, threads=art.threads)
     art.timings["cc"] = time.perf_counter() - t
     blob = art.csource.weights
     weights = aligned_empty(max(len(blob), 1))

@@ -23,7 +23,7 @@ from onnx import helper
 
 from dlcc.codegen.cbase import TemplateError
 from dlcc.codegen.expr import ELEMENTWISE
-from dlcc.codegen.harness import ort_output, run_node
+from dlcc.testing.harness import ort_output, run_node
 
 F32, I64, I32, BOOL = np.float32, np.int64, np.int32, np.bool_
 

@@ -1,7 +1,7 @@
 import numpy as np
 import onnx
 
-from dlcc.codegen.harness import assert_close, ort_output, run_node
+from dlcc.testing.harness import assert_close, ort_output, run_node
 
 _ort = ort_output
 

@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 import dlcc.codegen.injective  # noqa: F401  (registers the INDEXED handlers)
 from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent, loops
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
-from dlcc.codegen.harness import prelude, run_node
 from dlcc.schedule.target import get_target
+from dlcc.testing.harness import prelude, run_node
 
 INT_MAX = 2**63 - 1
 

@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import assert_close, ort_output, run_node, runnable_targets
+from dlcc.testing.harness import assert_close, ort_output, run_node, runnable_targets
 
 _ort = ort_output
 

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.harness import run_node, runnable_targets
+from dlcc.testing.harness import run_node, runnable_targets
 
 
 def _ort(model, feeds):

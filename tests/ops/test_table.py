@@ -9,6 +9,7 @@ import onnx.defs
 import pytest
 
 from dlcc.ops import KNOWN_OPS, Kind, Mapping, OpInfo, combine_kinds, is_known, more_complex, op_info
+from dlcc.ops.table import C_BACKEND_OPS, ops_with
 
 MAPPING_ORDER = [Mapping.ONE_TO_ONE, Mapping.REORGANIZE, Mapping.SHUFFLE, Mapping.ONE_TO_MANY,
                  Mapping.MANY_TO_MANY]
@@ -221,3 +222,24 @@ def test_other_domains_only_where_obvious():
     assert op_info("Gelu", "com.microsoft").unary
     assert op_info("Scaler", "ai.onnx.ml").mapping is Mapping.ONE_TO_ONE
     assert not is_known("ZipMap", "ai.onnx.ml")
+
+
+def test_ops_with_reads_the_flags():
+    assert ops_with("deterministic", value=False) == {
+        "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+    assert ops_with("broadcasting") == ops_with("binary") | {"Where"}
+    assert {"Relu", "Clip", "Cast", "Identity"} <= ops_with("unary")
+    assert "BatchNormalization" not in ops_with("broadcasting")  # per channel, not numpy broadcasting
+    assert ops_with("unary", "com.microsoft") == {"Gelu", "FastGelu", "QuickGelu"}
+    with pytest.raises(ValueError):
+        ops_with("elementwise")
+
+
+def test_c_backend_ops_are_what_lowering_takes():
+    import dlcc.codegen.injective  # noqa: F401  (registers the index-map ops)
+    from dlcc.codegen.expr import ELEMENTWISE, INDEXED
+    from dlcc.codegen.templates import TEMPLATES
+    from dlcc.lower.lower import RESHAPE_LIKE
+
+    lowered = set(ELEMENTWISE) | set(INDEXED) | set(TEMPLATES) | set(RESHAPE_LIKE) | {"Constant"}
+    assert lowered == C_BACKEND_OPS

@@ -29,9 +29,10 @@ __all__ = ["COMMON", "build_shared", "cache_dir", "compiler", "compile_files", "
 COMMON = ["-O3", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math", "-fPIC"]
 
 
-def flags_for(target: Target | str | None = None, *, shared: bool = True) -> list[str]:
-    """The compiler flags of generated code for ``target`` (``shared``: position-independent)."""
-    flags = [*COMMON, *get_target(target).cflags]
+def flags_for(target: Target | str | None = None, *, shared: bool = True, threads: int = 1) -> list[str]:
+    """The compiler flags of generated code for ``target`` (``shared``: position-independent; ``threads`` > 1:
+    the thread pool's pthreads)."""
+    flags = [*COMMON, *get_target(target).cflags, *(["-pthread"] if threads > 1 else [])]
     return flags if shared else [f for f in flags if f != "-fPIC"]
 
 
@@ -105,11 +106,11 @@ def compile_files(cc: str, flags: list[str], sources: list[Path], out: Path, cwd
         raise DlccError(f"linking the generated code failed:\n{proc.stderr[-4000:]}")
 
 
-def build_shared(files: dict[str, str], *, target: Target | str | None = None) -> Path:
+def build_shared(files: dict[str, str], *, target: Target | str | None = None, threads: int = 1) -> Path:
     """Build the C ``files`` (name -> text; every ``.c`` is compiled) into a cached shared library for
-    ``target`` (which must run on this machine)."""
+    ``target`` (which must run on this machine), linked with pthreads when ``threads`` > 1."""
     cc = compiler()
-    flags = flags_for(target)
+    flags = flags_for(target, threads=threads)
     h = hashlib.sha256()
     for name in sorted(files):
         h.update(name.encode() + b"\0" + files[name].encode() + b"\0")

@@ -2,12 +2,13 @@
 
 Usage of the built program (inputs in graph order; names are in model.json, never in the C):
 
-    ./model [-w weights.bin] [-o OUTDIR] [-n N] [-p] [-q] INPUT0 [INPUT1 ...]
+    ./model [-w weights.bin] [-o OUTDIR] [-n N] [-t THREADS] [-p] [-q] INPUT0 [INPUT1 ...]
 
 Each INPUT is a ``.npy`` file (its dtype and shape are checked against the model) or a raw file of
 exactly the right number of bytes. Outputs are written as ``OUTDIR/output<i>.npy`` (default OUTDIR ``.``).
 ``-n N`` runs the model N more times and prints the mean and best latency in milliseconds; ``-q`` prints
-nothing but errors. The weights default to ``weights.bin`` beside the executable.
+nothing but errors. The weights default to ``weights.bin`` beside the executable. ``-t N`` runs on at most N
+threads (up to the count the bundle was compiled for, ``dlcc compile --threads``).
 
 ``-p`` profiles: after the first (warm-up) run it calls ``dlcc_run_profiled`` N times (``-n``, default 1)
 and prints ``profile KERNELS RUNS`` and then one line per kernel in call order, ``kernel K BEST_MS MEAN_MS``
@@ -158,10 +159,12 @@ int main(int argc, char **argv) {{
         if (!strcmp(argv[i], "-w") && i + 1 < argc) weights_path = argv[++i];
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) outdir = argv[++i];
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) runs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-t") && i + 1 < argc) dlcc_set_num_threads(atoi(argv[++i]));
         else if (!strcmp(argv[i], "-q")) quiet = 1;
         else if (!strcmp(argv[i], "-p")) profile = 1;
         else if (argv[i][0] == '-' && argv[i][1]) {{
-            fprintf(stderr, "usage: %s [-w weights.bin] [-o OUTDIR] [-n RUNS] [-p] [-q] INPUT0 ...\\n", argv[0]);
+            fprintf(stderr, "usage: %s [-w weights.bin] [-o OUTDIR] [-n RUNS] [-t THREADS] [-p] [-q] "
+                    "INPUT0 ...\\n", argv[0]);
             return 2;
         }} else if (nin < DLCC_NUM_INPUTS) in_paths[nin++] = argv[i];
         else {{ fprintf(stderr, "error: the model takes %d input(s)\\n", DLCC_NUM_INPUTS); return 2; }}

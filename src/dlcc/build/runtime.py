@@ -5,7 +5,9 @@ arena size) plus the weights blob.
 What comes out: ``CompiledModel``; ``model(x=array, ...)`` or ``model({"x": array})`` returns a dict of
 output arrays (freshly allocated, owned by the caller).
 
-Threads: every call allocates its own arena (the only mutable state besides the outputs) and ctypes
+Threads: a model compiled for several threads runs its parallel loops on a pool in the library (one call
+at a time uses it; a call made meanwhile from another thread runs on its own thread); ``model.threads``
+reads or lowers the count. Every call allocates its own arena (the only mutable state besides the outputs) and ctypes
 releases the GIL during the call, so one CompiledModel may be called from many threads at once.
 Inputs are checked by name, shape and dtype; a wrong one raises a DlccError saying what was expected.
 """
@@ -48,6 +50,16 @@ class CompiledModel:
         self._run.restype = None
         self._run.argtypes = [ctypes.c_void_p] * 4
         self._input_names = [n for n, _, _ in self.inputs]
+
+    @property
+    def threads(self) -> int:
+        """Threads a call runs on (the pool's size is fixed at compile time: ``dlcc.compile(threads=N)``)."""
+        return int(self._lib.dlcc_num_threads())
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        """Run on at most ``n`` threads (1 .. the compiled count)."""
+        self._lib.dlcc_set_num_threads(int(n))
 
     @property
     def input_names(self) -> list[str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlcc.errors import DlccError
+from dlcc.util import contiguous_strides, sanitize_comment  # noqa: F401  (re-exported for codegen)
 
 # dtype name (numpy) -> C type. bool is one byte holding 0 or 1, like numpy's.
 CTYPES: dict[str, str] = {
@@ -77,13 +78,6 @@ def c_literal(x, dtype: str | np.dtype) -> str:
     if name == "bool":
         return "1" if bool(x) else "0"
     return c_int(int(x))
-
-
-def sanitize_comment(text: str, limit: int = 80) -> str:
-    """Model text made safe for a C block comment: printable ASCII only, no ``*/``, no backslash, one line."""
-    text = "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in str(text))
-    text = text.replace("*/", "*?").replace("/*", "/?").replace("\\", "?")
-    return text[:limit]
 
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]*\Z")
@@ -160,14 +154,6 @@ class TensorRef:
     def base(self) -> str:
         """A C pointer expression to element 0 of the window."""
         return f"({self.ptr} + {self.offset})" if self.offset else self.ptr
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(d), 1)
-    return tuple(reversed(strides))
 
 
 @dataclass

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import onnx_ir as ir
 
 from dlcc.errors import ShapeError
+from dlcc.util import all_graphs
 
 __all__ = ["MAX_TENSOR_BYTES", "check_tensor_sizes", "check_total_bytes", "max_tensor_bytes", "value_bytes"]
 
@@ -66,8 +67,6 @@ def value_bytes(v: ir.Value) -> tuple[int, int] | None:
 def _values(graph: ir.Graph) -> Iterator[ir.Value]:
     """Inputs, initializers and node outputs of ``graph`` and its subgraphs (a plain walk: onnx_ir's
     RecursiveGraphIterator costs more than the whole size check)."""
-    from dlcc.passes.rewrite import all_graphs
-
     for g in all_graphs(graph):
         yield from g.inputs
         yield from g.initializers.values()

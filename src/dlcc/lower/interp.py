@@ -1,6 +1,7 @@
 """A slow numpy interpreter for kernel IR, so a wrong result can be blamed on one stage.
 
-What goes in: a ``Program``, its ``MemoryPlan`` and input arrays.
+What goes in: a ``Program``, its placement (a ``dlcc.memory.MemoryPlan``, or anything with ``arena_bytes``
+and ``offsets``: buffer id -> byte offset in the arena) and input arrays.
 What comes out: the output arrays, computed kernel by kernel and step by step exactly as the C does it —
 through buffers placed in one simulated arena at the planned offsets, views as numpy strided views — but
 with each op evaluated by onnx's reference implementation instead of generated C.
@@ -13,6 +14,7 @@ plan shows up as corrupted values here).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -22,9 +24,16 @@ from onnx.reference.op_run import OpRun
 
 from dlcc.errors import DlccError
 from dlcc.lower.kir import Program
-from dlcc.memory.planner import MemoryPlan
 
 __all__ = ["interpret"]
+
+
+class Placement(Protocol):
+    """What the interpreter reads of a memory plan (``dlcc.memory.MemoryPlan`` is one; the memory stage
+    comes after lowering, so it is not imported here)."""
+
+    arena_bytes: int
+    offsets: Mapping[int, int]
 
 
 class ChannelShuffle(OpRun):
@@ -46,7 +55,7 @@ def _evaluator(node: ir.Node, opset: dict[str, int]) -> ReferenceEvaluator:
     return ReferenceEvaluator(model, new_ops=[ChannelShuffle])
 
 
-def interpret(program: Program, memory: MemoryPlan, feeds: Mapping[str, np.ndarray],
+def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarray],
               opset: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     opset = dict(opset or program.opset or {"": 21})
     arena = np.zeros(max(memory.arena_bytes, 1), dtype=np.uint8)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import contiguous_strides, sanitize_comment
 from dlcc.errors import PassError
+from dlcc.util import contiguous_strides, sanitize_comment
 
 __all__ = ["Buffer", "Kernel", "Program", "Step", "print_program", "verify_program"]
 

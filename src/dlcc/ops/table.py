@@ -3,8 +3,12 @@
 What goes in: an op type and its domain (``""`` and ``"ai.onnx"`` are the same default domain).
 What comes out: an ``OpInfo`` (frozen): the op's ``Kind`` (TVM's OpPatternKind, ordered, combined with
 ``max``), its ``Mapping`` (DNNFusion's mapping type, combined with ``more_complex``), and flags:
-``deterministic``, ``commutative``, ``unary`` (elementwise with one data input) and ``binary``
-(broadcasting elementwise with two or more data inputs of the same role).
+``deterministic``, ``commutative``, ``unary`` (elementwise with one data input), ``binary``
+(broadcasting elementwise with two or more data inputs of the same role) and ``broadcasting`` (elementwise,
+every input broadcast against the others by numpy's rules: the binary ops and Where). ``ops_with(flag)``
+is the set of op types of a domain that have a flag: the passes read their op sets from here.
+``C_BACKEND_OPS``: the op keys (op type, or ``domain::op_type``) dlcc's C backend compiles, which the
+``dlcc-c`` target of the graph passes runs (tests/ops/test_table.py keeps it equal to what lowering takes).
 
 Invariants:
 - Every op has both classifications. An op that is not in the table is OPAQUE and MANY_TO_MANY and is
@@ -65,7 +69,8 @@ from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = ["KNOWN_OPS", "Kind", "Mapping", "OpInfo", "combine_kinds", "is_known", "more_complex", "op_info"]
+__all__ = ["C_BACKEND_OPS", "KNOWN_OPS", "Kind", "Mapping", "OpInfo", "combine_kinds", "is_known", "more_complex",
+           "op_info", "ops_with"]
 
 
 class Kind(enum.IntEnum):
@@ -126,6 +131,7 @@ class OpInfo:
     commutative: bool = False  # binary ops only: f(a, b) == f(b, a)
     unary: bool = False  # elementwise with one data input (other inputs are scalars/attributes)
     binary: bool = False  # broadcasting elementwise over two or more same-role data inputs
+    broadcasting: bool = False  # elementwise, all inputs broadcast against each other (binary ops, Where)
 
 
 # ------------------------------------------------------------------------------------- the table
@@ -134,8 +140,8 @@ _K, _M = Kind, Mapping
 
 # One row per family: (domain, kind, mapping, flags, op types). KNOWN_OPS is built from these rows.
 _UNARY = dict(unary=True)
-_BINARY = dict(binary=True)
-_COMMUTATIVE = dict(binary=True, commutative=True)
+_BINARY = dict(binary=True, broadcasting=True)
+_COMMUTATIVE = dict(binary=True, commutative=True, broadcasting=True)
 _RANDOM = dict(deterministic=False)
 
 _FAMILIES: list[tuple[str, Kind, Mapping, dict, str]] = [
@@ -150,8 +156,8 @@ _FAMILIES: list[tuple[str, Kind, Mapping, dict, str]] = [
      "Add Mul Max Min Sum Mean And Or Xor Equal BitwiseAnd BitwiseOr BitwiseXor"),
     ("", _K.BROADCAST, _M.ONE_TO_ONE, _BINARY,
      "Sub Div Pow Mod Less Greater LessOrEqual GreaterOrEqual BitShift PRelu"),
-    ("", _K.BROADCAST, _M.ONE_TO_ONE, {},
-     "Where BatchNormalization QuantizeLinear DequantizeLinear"),
+    ("", _K.BROADCAST, _M.ONE_TO_ONE, dict(broadcasting=True), "Where"),
+    ("", _K.BROADCAST, _M.ONE_TO_ONE, {}, "BatchNormalization QuantizeLinear DequantizeLinear"),
     ("", _K.BROADCAST, _M.ONE_TO_MANY, {}, "Expand Tile"),
     # same elements, same order, another shape (BitCast reinterprets the bytes the same way)
     ("", _K.INJECTIVE, _M.REORGANIZE, {}, "Reshape Flatten Squeeze Unsqueeze BitCast"),
@@ -240,3 +246,41 @@ def op_info(op_type: str, domain: str = "") -> OpInfo:
 def is_known(op_type: str, domain: str = "") -> bool:
     """Whether the table has an entry for ``domain::op_type``."""
     return (_normalize_domain(domain), op_type) in KNOWN_OPS
+
+
+def ops_with(flag: str, domain: str = "", value: bool = True) -> frozenset[str]:
+    """The op types of ``domain`` whose ``OpInfo.<flag>`` is ``value``, e.g. ``ops_with("unary")``, or
+    ``ops_with("deterministic", value=False)`` for the random ops. Unknown ops are in no set."""
+    if flag not in _FLAGS:
+        raise ValueError(f"unknown op flag '{flag}' (flags: {', '.join(_FLAGS)})")
+    domain = _normalize_domain(domain)
+    return frozenset(op for (d, op), info in KNOWN_OPS.items() if d == domain and getattr(info, flag) is value)
+
+
+_FLAGS = ("deterministic", "commutative", "unary", "binary", "broadcasting")
+
+
+# The ops dlcc's C backend compiles: the graph passes' ``dlcc-c`` target reads it (they run before the
+# backend and cannot ask it); a test compares it with ``dlcc.lower.lower.supported``.
+C_BACKEND_OPS = frozenset({
+    # linear and pooling
+    "Conv", "ConvTranspose", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
+    "GlobalMaxPool", "LRN",
+    # elementwise unary
+    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Neg",
+    "Erf", "Floor", "Ceil", "Round", "Sign", "Clip", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish",
+    "Softplus", "Softsign", "Gelu", "Mish", "Sin", "Cos", "Not", "Cast", "Identity", "Dropout",
+    # elementwise binary / variadic
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Mod", "Equal", "Less", "Greater",
+    "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where",
+    # reductions and normalization
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ArgMax", "ArgMin",
+    "Softmax", "LogSoftmax", "LayerNormalization", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
+    "BatchNormalization", "InstanceNormalization", "RMSNormalization",
+    # data movement
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Concat", "Split", "Gather",
+    "Pad", "Resize", "Expand", "Tile", "Shape", "Constant", "ConstantOfShape", "DepthToSpace", "SpaceToDepth",
+    "GatherElements", "Upsample",
+    # dlcc's own: the channel shuffle idiom as one op
+    "dlcc::ChannelShuffle",
+})

@@ -34,13 +34,15 @@ from collections.abc import Hashable
 import numpy as np
 import onnx_ir as ir
 
+from dlcc.ops.table import ops_with
 from dlcc.passes.manager import Pass
-from dlcc.passes.rewrite import all_graphs, tensor_array
+from dlcc.passes.rewrite import tensor_array
+from dlcc.util import all_graphs
 
 # Domains whose ops are pure functions of their inputs and attributes (except the ops below).
 _PURE_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "dlcc", "dlcc.fused"})
-_NON_DETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                                "Multinomial", "Bernoulli", "Dropout"})
+# The random ops by the op table, Dropout (random in training mode) and anything named like them.
+_NON_DETERMINISTIC = ops_with("deterministic", value=False) | {"Dropout"}
 
 
 def is_mergeable(node: ir.Node) -> bool:

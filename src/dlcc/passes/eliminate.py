@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from dlcc.passes.manager import Pass
-from dlcc.passes.rewrite import all_graphs
+from dlcc.util import all_graphs
 
 
 class DeadCodeElimination(Pass):

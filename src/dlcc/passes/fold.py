@@ -59,6 +59,7 @@ import onnx
 import onnx_ir as ir
 
 from dlcc.frontend.shapes import infer_shapes
+from dlcc.ops.table import ops_with
 from dlcc.passes.manager import Pass
 from dlcc.passes.rewrite import NameGen, as_tensor, tensor_array
 
@@ -68,8 +69,7 @@ SMALL_BYTES = 1024  # results up to this size are always folded (the guard would
 MAX_EVAL_BYTES = 256 << 20  # a generator above this size is never evaluated (not even transiently)
 MAX_SWEEPS = 4  # sweeps per run; shape inference between them (more remain for the manager's next round)
 
-NON_DETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                               "Multinomial", "Bernoulli"})
+NON_DETERMINISTIC = ops_with("deterministic", value=False)  # the random ops
 # Dropout is bypassed by its own pass; control flow and sequence/optional ops do not yield tensors we keep.
 NEVER_FOLDED = NON_DETERMINISTIC | frozenset({
     "Dropout", "If", "Loop", "Scan", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",

@@ -32,20 +32,13 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from dlcc.ops.table import ops_with
 from dlcc.passes.rewrite import Builder, Rule, RulePass, attr, const_array, single_use
 
-# Elementwise ops with one data input (others, as Clip's bounds, are scalar parameters) and one output.
-UNARY = frozenset({
-    "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Relu", "LeakyRelu", "Elu", "Selu",
-    "Celu", "Gelu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish", "Erf", "Sin", "Cos", "Tan",
-    "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign",
-    "Not", "IsNaN", "IsInf", "Cast", "Clip", "ThresholdedRelu", "Shrink", "Identity",
-})
-# Elementwise ops whose inputs all broadcast against each other (numpy rules; PRelu's slope included).
-BROADCASTING = frozenset({
-    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "PRelu", "Equal", "Less",
-    "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "BitShift", "Where",
-})
+# Elementwise ops with one data input (others, as Clip's bounds, are scalar parameters), and elementwise
+# ops whose inputs all broadcast against each other (numpy rules; PRelu's slope included): the op table's.
+UNARY = ops_with("unary")
+BROADCASTING = ops_with("broadcasting")
 ELEMENTWISE = UNARY | BROADCASTING
 
 

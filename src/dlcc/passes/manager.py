@@ -38,14 +38,12 @@ from dlcc.passes.verify import verify_model
 class Pass:
     """A graph pass: ``run(model) -> changed``; ``fired`` counts the rules it applied in its last run.
 
-    Subclasses set ``name`` (used by ``--print-after``) and a one-line ``doc``; ``requires``/``ensures``
-    name the facts the pass needs and establishes (e.g. "shapes"), checked by the verifier in tests.
+    Subclasses set ``name`` (used by ``--print-after``) and a one-line ``doc``. What every pass must keep
+    true (a valid, shape-annotated graph) is checked by ``dlcc.passes.verify`` after each pass in tests.
     """
 
     name: str = "pass"
     doc: str = ""
-    requires: tuple[str, ...] = ()
-    ensures: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.fired: Counter[str] = Counter()

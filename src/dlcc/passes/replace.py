@@ -44,7 +44,6 @@ from dlcc.passes.rewrite import (
     RewriteStats,
     Rule,
     RulePass,
-    all_graphs,
     apply_rules,
     attr,
     const_array,
@@ -53,6 +52,7 @@ from dlcc.passes.rewrite import (
     static_shape,
 )
 from dlcc.passes.targets import CHANNEL_SHUFFLE, GROUPED_CONV, Target, get_target
+from dlcc.util import all_graphs
 
 DLCC_DOMAIN = "dlcc"
 DLCC_DOMAIN_VERSION = 1

@@ -476,22 +476,6 @@ class RulePass(Pass):
 # ---------------------------------------------------------------------------- helpers for rule writers
 
 
-def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
-    """``graph`` and every subgraph under it (If/Loop/Scan bodies), outermost first. Cheaper than
-    ``Graph.subgraphs()`` on the common graph that has none."""
-    out = [graph]
-    for g in out:
-        for node in g:
-            if not node.attributes:
-                continue
-            for a in node.attributes.values():
-                if a.type == ir.AttributeType.GRAPH:
-                    out.append(a.value)
-                elif a.type == ir.AttributeType.GRAPHS:
-                    out.extend(a.value)
-    return out
-
-
 # numpy views of small serialized tensors, decoded once (passes read the same BN parameters, biases and
 # scalars many times per round); weak keys: an entry lives as long as its tensor. Big tensors are decoded
 # on demand only, so a large model is never held twice.

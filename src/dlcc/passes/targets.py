@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from dlcc.errors import DlccError
+from dlcc.ops.table import C_BACKEND_OPS
 
 GROUPED_CONV = "Conv:grouped"
 CHANNEL_SHUFFLE = "dlcc::ChannelShuffle"
@@ -77,28 +78,8 @@ class Target:
         return self.prefers.get(key)
 
 
-# The ops dlcc's C backend implements (or will): common CNN and transformer inference ops.
-DLCC_C_OPS = frozenset({
-    # linear and pooling
-    "Conv", GROUPED_CONV, "ConvTranspose", "Gemm", "MatMul", "MaxPool", "AveragePool", "GlobalAveragePool",
-    "GlobalMaxPool", "LRN",
-    # elementwise unary
-    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Neg",
-    "Erf", "Floor", "Ceil", "Round", "Sign", "Clip", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish",
-    "Softplus", "Softsign", "Gelu", "Mish", "Sin", "Cos", "Not", "Cast", "Identity", "Dropout",
-    # elementwise binary / variadic
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Mod", "Equal", "Less", "Greater",
-    "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where",
-    # reductions and normalization
-    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ArgMax", "ArgMin",
-    "Softmax", "LogSoftmax", "LayerNormalization", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
-    "BatchNormalization", "InstanceNormalization", "RMSNormalization",
-    # data movement
-    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Concat", "Split", "Gather",
-    "Pad", "Resize", "Expand", "Tile", "Shape", "Constant", "ConstantOfShape", "DepthToSpace", "SpaceToDepth",
-    "GatherElements", "Upsample",
-    CHANNEL_SHUFFLE,
-})
+# The ops dlcc's C backend implements (the op table's list), with Conv's grouped form.
+DLCC_C_OPS = C_BACKEND_OPS | {GROUPED_CONV}
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("onnx", None, {},

@@ -370,8 +370,9 @@ def gelu_tanh(*, shape: Sequence[Dim] = (2, 8, 32)) -> onnx.ModelProto:
 
 def transformer_encoder_block(*, batch: Dim = 2, seq: int = 16, vocab: int = 100, d_model: int = 32,
                               heads: int = 4, ffn: int = 64, eps: float = 1e-5, mask_style: str = "arith",
-                              opset: int = DEFAULT_OPSET, seed: int = 0) -> onnx.ModelProto:
-    """A BERT-style embedding + one post-LN encoder layer.
+                              opset: int = DEFAULT_OPSET, seed: int = 0, layers: int = 1) -> onnx.ModelProto:
+    """A BERT-style embedding + ``layers`` post-LN encoder layers (BERT-base: d_model 768, heads 12, ffn 3072,
+    layers 12).
 
     input_ids int64 [batch, seq] and attention_mask int64 [batch, seq] (1 = token, 0 = padding)
     -> hidden float [batch, seq, d_model].
@@ -408,12 +409,14 @@ def transformer_encoder_block(*, batch: Dim = 2, seq: int = 16, vocab: int = 100
         m = b.op("Where", [keep, b.scalar("mask_zero", 0.0),
                            b.scalar("mask_min", float(np.finfo(np.float32).min))], "mask_4d")
 
-    a = _attention(b, h, m, d_model, heads, "attn", shape_idiom=True)
-    h = _layernorm(b, b.op("Add", [h, a], "attn_residual"), d_model, eps, "attn_ln")
-    f = _linear(b, h, d_model, ffn, "ffn_in")
-    f = _gelu_erf(b, f, "ffn_gelu")
-    f = _linear(b, f, ffn, d_model, "ffn_out")
-    h = _layernorm(b, b.op("Add", [h, f], "ffn_residual"), d_model, eps, "ffn_ln")
+    for layer in range(layers):
+        p = f"l{layer}_" if layer else ""  # (one layer: the names it always had)
+        a = _attention(b, h, m, d_model, heads, f"{p}attn", shape_idiom=True)
+        h = _layernorm(b, b.op("Add", [h, a], f"{p}attn_residual"), d_model, eps, f"{p}attn_ln")
+        f = _linear(b, h, d_model, ffn, f"{p}ffn_in")
+        f = _gelu_erf(b, f, f"{p}ffn_gelu")
+        f = _linear(b, f, ffn, d_model, f"{p}ffn_out")
+        h = _layernorm(b, b.op("Add", [h, f], f"{p}ffn_residual"), d_model, eps, f"{p}ffn_ln")
     b.output(h, "hidden", TensorProto.FLOAT, [batch, seq, d_model])
     return b.model()
 

@@ -44,6 +44,7 @@ class TemplateCall:
     names: Names = field(default_factory=Names)
     pack: Callable[[np.ndarray], TensorRef] | None = None
     target: Target = field(default_factory=get_target)  # every lane count and tile size derives from it
+    threads: int = 1  # the pool's size: >1 lets the template mark one top-level loop ``threads.par_for``
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);
@@ -52,10 +53,18 @@ class TemplateCall:
             raise RuntimeError("this call cannot pack weights")
         return self.pack(np.ascontiguousarray(array))
 
+    def parallel(self, flops: float) -> bool:
+        """Whether to mark a loop for the thread pool: more than one thread, and enough work (``flops``)
+        that a dispatch (a few microseconds) is worth it."""
+        return self.threads > 1 and flops >= PAR_MIN_FLOPS
+
     def attr(self, name: str, default=None):
         a = self.node.attributes.get(name)
         return default if a is None else a.value
 
+
+# a template's loop is split over threads only above this much work (a dispatch costs a few microseconds)
+PAR_MIN_FLOPS = 2e6
 
 TEMPLATES: dict[str, Callable[[TemplateCall], str]] = {}
 NEEDS_BUFFERS: set[str] = set()

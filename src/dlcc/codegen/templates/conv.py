@@ -32,6 +32,7 @@ import numpy as np
 
 from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
+from dlcc.codegen.threads import par_for
 
 # im2col is used for short rows (or a strided last dim) when a chunk of input channels gives at least this
 # reduction length (measured: shorter chunks lose to the direct path's register tiles)
@@ -227,7 +228,6 @@ def _direct(call: TemplateCall, xref: TensorRef, wconv: np.ndarray | None,
     LANES = call.target.lanes
     names = call.names
     N = xref.shape[0]
-    r = len(ks)
     IL = xref.shape[-1]
     Kp = math.prod(ks)
     xs = xref.strides
@@ -396,14 +396,16 @@ def _direct(call: TemplateCall, xref: TensorRef, wconv: np.ndarray | None,
             flush()
         return "\n".join(p for p in parts if p)
 
-    code = _blocks(names, Mg, block, call.target.conv_oc_block)
-    for d in reversed(range(r - 1)):
-        if osp[d] != "0":
-            code = f"for (int64_t {osp[d]} = 0; {osp[d]} < {O_outer[d]}; ++{osp[d]}) {{\n{indent(code)}\n}}"
-    if group > 1:
-        code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
-    if N > 1:
-        code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
+    # threads: the outermost loop (batch, group, output rows; else the channel blocks) is split over them:
+    # its iterations write disjoint outputs and keep their accumulators in registers and locals
+    outer_loops = [(v, e) for v, e in [(n, N), (g, group), *zip(osp, O_outer, strict=True)] if v != "0"]
+    par = call.parallel(2.0 * math.prod(call.out_shape) * Cg * Kp)
+    code = _blocks(names, Mg, block, call.target.conv_oc_block, parallel=par and not outer_loops)
+    for i, (v, e) in enumerate(reversed(outer_loops)):
+        if par and i == len(outer_loops) - 1:
+            code = par_for(v, e, code)
+        else:
+            code = f"for (int64_t {v} = 0; {v} < {e}; ++{v}) {{\n{indent(code)}\n}}"
     return "\n".join([*decls, code])
 
 
@@ -521,14 +523,29 @@ def _conv_im2col(call: TemplateCall, xref: TensorRef, wconv: np.ndarray, bref: T
             parts.append(tile(str(full * 2 * LANES), 1, P - full * 2 * LANES))
         return "\n".join(parts)
 
-    chunk = "\n".join([f"const int64_t {cn} = {Cg} - {c0} < {CC} ? {Cg} - {c0} : {CC};", gather,
-                       _blocks(names, Mg, block, OC_BLOCK)])
+    nblocks = -(-Mg // OC_BLOCK)
+    T = min(call.threads, nblocks) if call.parallel(2.0 * math.prod(call.out_shape) * Cg * Kp) else 1
+    if T > 1:  # threads: each takes a range of output-channel blocks, gathering into its own col buffer
+        t, blo, bhi, b = names("t"), names("blo"), names("bhi"), names("b")
+        full, tail = divmod(Mg, OC_BLOCK)
+        one = block(f"({b})*{OC_BLOCK}", OC_BLOCK)
+        if tail:
+            one = f"if ({b} < {full}) {{\n{indent(one)}\n}} else {{\n{indent(block(str(full * OC_BLOCK), tail))}\n}}"
+        blocks = f"for (int64_t {b} = {blo}; {b} < {bhi}; ++{b}) {{\n{indent(one)}\n}}"
+    else:
+        blocks = _blocks(names, Mg, block, OC_BLOCK)
+    chunk = "\n".join([f"const int64_t {cn} = {Cg} - {c0} < {CC} ? {Cg} - {c0} : {CC};", gather, blocks])
     code = f"for (int64_t {c0} = 0; {c0} < {Cg}; {c0} += {CC}) {{\n{indent(chunk)}\n}}"
     if group > 1:
         code = f"for (int64_t {g} = 0; {g} < {group}; ++{g}) {{\n{indent(code)}\n}}"
     if N > 1:
         code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
-    lines = [f"float {col}[{CC * Kp * Pp}];", f"memset({col}, 0, sizeof {col});", code]
+    col_decl = [f"float {col}[{CC * Kp * Pp}];", f"memset({col}, 0, sizeof {col});"]
+    if T > 1:
+        code = par_for(t, T, "\n".join([f"const int64_t {blo} = {t} * {nblocks} / {T};",
+                                         f"const int64_t {bhi} = ({t} + 1) * {nblocks} / {T};", *col_decl, code]))
+        col_decl = []
+    lines = [*col_decl, code]
     if not call.direct:
         _, st = loops(call.out_shape, names, lambda idx: call.store(idx, sref.at(idx)), "s")
         lines.append(st)
@@ -563,9 +580,17 @@ def _block_list(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _blocks(names: Names, total: int, block: Callable[[str, int], str], size: int,
-            var: str | None = None) -> str:
-    """Code running ``block(start, count)`` over [0, total) in blocks of ``size`` (a loop) plus a tail."""
+            var: str | None = None, parallel: bool = False) -> str:
+    """Code running ``block(start, count)`` over [0, total) in blocks of ``size`` (a loop) plus a tail;
+    ``parallel``: one loop over every block, marked for the thread pool, the tail its last iteration."""
     full, tail = divmod(total, size)
+    if parallel and full + (tail > 0) > 1:
+        b = var or names("b")
+        body = block(f"({b})*{size}", size)
+        if tail:
+            body = (f"if ({b} < {full}) {{\n{indent(body)}\n}} else {{\n{indent(block(str(full * size), tail))}\n}}"
+                    if full else block("0", tail))
+        return par_for(b, full + (tail > 0), body)
     parts = []
     if full == 1:
         parts.append("{\n" + indent(block("0", size)) + "\n}")

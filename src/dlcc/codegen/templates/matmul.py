@@ -22,6 +22,7 @@ import numpy as np
 from dlcc.codegen.cbase import TemplateError, TensorRef, c_float, indent, loops
 from dlcc.codegen.expr import broadcast_index
 from dlcc.codegen.templates import TemplateCall, register
+from dlcc.codegen.threads import par_for
 
 NB_MAX = 256
 DOT_N = 8  # below this many output columns, use dot products along k
@@ -58,6 +59,18 @@ class _Gemm:
         if self.m == 0 or self.n == 0 or math.prod(self.batch) == 0:
             return ""
         body = self._dot if self.n < DOT_N else self._panels
+        work = 2.0 * self.m * self.n * self.k * math.prod(self.batch)
+        self.par = self.call.threads if self.call.parallel(work) else 0
+        lead = next((d for d, n in enumerate(self.batch) if n > 1), None)
+        if self.par and lead is not None and self.batch[lead] >= self.par:
+            # threads over the batch (attention heads...): each product is its own; the panels stay serial
+            self.par = 0
+            var = self.names("pb")
+            shape = [1 if d <= lead else n for d, n in enumerate(self.batch)]
+            _, text = loops(shape, self.names, lambda bidx: body([*bidx[:lead], var, *bidx[lead + 1:]]), prefix="b")
+            return par_for(var, self.batch[lead], text)
+        if math.prod(self.batch) > 1:
+            self.par = 0  # (a marked loop must be the outermost statement)
         bidx, text = loops(self.batch, self.names, lambda bidx: body(list(bidx)), prefix="b")
         return text
 
@@ -93,6 +106,16 @@ class _Gemm:
             col_blocks.append(("loop", nfull, nb))
         if ntail:
             col_blocks.append(("at", nfull * nb, ntail))
+        T = min(self.par, mfull)
+        if T > 1:  # threads: each takes a range of row blocks through every panel (B stays in its own L2)
+            return self._panels_rows(bidx, col_blocks, T, MR, mfull, mtail)
+        if self.par > 1 and nfull + (ntail > 0) > 1:  # few rows: threads over the panels
+            q = self.names("q")
+            one = self._panel_rows(bidx, f"({q})*{nb}", nb, MR, mfull, mtail, "0", str(mfull))
+            if ntail:
+                tail = self._panel_rows(bidx, str(nfull * nb), ntail, MR, mfull, mtail, "0", str(mfull))
+                one = f"if ({q} < {nfull}) {{\n{indent(one)}\n}} else {{\n{indent(tail)}\n}}" if nfull else tail
+            return par_for(q, nfull + (ntail > 0), one)
         for kind, cval, w in col_blocks:
             if kind == "loop" and nfull > 1:
                 j0 = self.names("j")
@@ -111,6 +134,32 @@ class _Gemm:
                 rows.append(f"{{\n{indent(self._block(bidx, str(mfull * MR), mtail, cexpr, w))}\n}}")
             parts.append(f"{head}\n{indent(chr(10).join(rows))}\n}}")
         return "\n".join(parts)
+
+    def _panel_rows(self, bidx: list[str], cexpr: str, w: int, MR: int, mfull: int, mtail: int, rb0: str,
+                    rb1: str, tail_if: str | None = None) -> str:
+        """Row blocks [rb0, rb1) of one panel (columns from ``cexpr``, ``w`` wide), then the row tail
+        (when ``tail_if``: only where that C condition holds)."""
+        i0 = self.names("i")
+        rows = [f"for (int64_t {i0} = ({rb0}) * {MR}; {i0} < ({rb1}) * {MR}; {i0} += {MR}) {{\n"
+                f"{indent(self._block(bidx, i0, MR, cexpr, w))}\n}}"]
+        if mtail:
+            tail = self._block(bidx, str(mfull * MR), mtail, cexpr, w)
+            rows.append(f"if ({tail_if}) {{\n{indent(tail)}\n}}" if tail_if else f"{{\n{indent(tail)}\n}}")
+        return "\n".join(rows)
+
+    def _panels_rows(self, bidx: list[str], col_blocks: list, T: int, MR: int, mfull: int, mtail: int) -> str:
+        t, rb0, rb1 = self.names("t"), self.names("rb"), self.names("rb")
+        parts = [f"const int64_t {rb0} = {t} * {mfull} / {T};", f"const int64_t {rb1} = ({t} + 1) * {mfull} / {T};"]
+        for kind, cval, w in col_blocks:
+            if kind == "loop" and cval > 1:
+                j0 = self.names("j")
+                body = self._panel_rows(bidx, j0, w, MR, mfull, mtail, rb0, rb1, f"{t} == {T - 1}")
+                parts.append(f"for (int64_t {j0} = 0; {j0} < {cval * w}; {j0} += {w}) {{\n{indent(body)}\n}}")
+            else:
+                start = str(cval if kind == "at" else 0)
+                body = self._panel_rows(bidx, start, w, MR, mfull, mtail, rb0, rb1, f"{t} == {T - 1}")
+                parts.append(f"{{\n{indent(body)}\n}}")
+        return par_for(t, T, "\n".join(parts))
 
     def _block(self, bidx: list[str], i0: str, mr: int, j0: str, w: int) -> str:
         nm = self.names

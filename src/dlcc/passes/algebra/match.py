@@ -11,9 +11,10 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
+from dlcc.ops.table import ops_with
 from dlcc.passes.rewrite import const_array, producer, single_use
 
-COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"})
+COMMUTATIVE = ops_with("commutative")
 
 
 def operand_orders(node: ir.Node) -> Iterator[tuple[ir.Value, ir.Value]]:
