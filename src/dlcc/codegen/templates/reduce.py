@@ -139,12 +139,13 @@ def row_reduce(call: TemplateCall, x: Operand, axes: Sequence[int], passes: list
                 return f"{main}\nfor (; {j} < {n}; ++{j}) {{\n{indent(body)}\n}}"
 
             text = _nest(axes[:-1], shape, full, names, lane_body)
-            merged = f"{a}[0]"
-            for lane_i in range(1, LANES):
-                merged = p.merge(merged, f"{a}[{lane_i}]")
+            # lanes merged left to right, one statement each (a nested expression would repeat its operands:
+            # max(x, y) is written with x twice, so it doubles with every lane)
+            acc = accs[p.key]
+            merged = [f"{acc} = {a}[0];"] + [f"{acc} = {p.merge(acc, f'{a}[{i}]')};" for i in range(1, LANES)]
             return (f"{{\n    {ct} {a}[{LANES}];\n    int64_t {j};\n"
                     f"    for (int64_t {lane} = 0; {lane} < {LANES}; ++{lane}) {a}[{lane}] = {p.init};\n"
-                    f"{indent(text)}\n    {accs[p.key]} = {merged};\n}}")
+                    f"{indent(text)}\n{indent(chr(10).join(merged))}\n}}")
 
         def body() -> str:
             return _nest(tdims, shape, full, names, lambda: elem(k, p, acc_lv(p.key)))
