@@ -74,7 +74,18 @@ CASES = {
     "matmul few rows: panels": _matmul([3, 1024], [1024, 1000]),
     "batched matmul (heads)": _matmul([12, 64, 64], [12, 64, 64], const_b=False),
     "elementwise": _matmul([2, 128, 300], [300, 8]),
+    "softmax rows": None,
 }
+
+
+def _softmax() -> onnx.ModelProto:
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=-1), helper.make_node("Relu", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12, 128, 130])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    return _typed(g)
+
+
+CASES["softmax rows"] = _softmax()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef, ctype, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
+from dlcc.codegen.threads import MARK
 
 __all__ = ["Pass", "reduce_axes", "row_reduce"]
 
@@ -181,7 +182,11 @@ def row_reduce(call: TemplateCall, x: Operand, axes: Sequence[int], passes: list
             parts.append(_nest(axes, shape, full, names, lambda: _nest(tdims, shape, full, names, fin_elem)))
         return "\n".join(parts)
 
-    return _nest(outer, shape, full, names, per_row)
+    text = _nest(outer, shape, full, names, per_row)
+    # threads: rows are independent (each reduces and stores its own); the outermost row loop is split
+    if call.parallel(10.0 * math.prod(shape) * len(passes)) and text.startswith("for (int64_t "):
+        text = f"{MARK}\n{text}"
+    return text
 
 
 # ---------------------------------------------------------------- the Reduce* ops
