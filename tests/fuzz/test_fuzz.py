@@ -161,3 +161,16 @@ def test_initializer_input_whose_declared_shape_differs_is_a_load_error():
         dlcc.load(m.SerializeToString())
     m.graph.input[1].type.tensor_type.shape.dim[0].dim_value = 4
     dlcc.load(m.SerializeToString())  # a matching declaration still loads
+
+
+def test_a_mutant_onnx_cannot_externalize_is_written_as_it_is(tmp_path):
+    """A tensor name that is not UTF-8 (fuzz seed 0: onnx's external-data writer refuses it) leaves the
+    external layouts' input as the mutant itself, with no data file beside it."""
+    from dlcc.testing.fuzz import _externalized
+
+    m = onnx.load_from_string(dict(base_models())["mlp"])
+    name = m.graph.initializer[0].name
+    data = m.SerializeToString().replace(name.encode(), b"\xff\xfe" + name.encode()[2:])
+    assert _externalized(data, tmp_path) == data
+    assert list(tmp_path.iterdir()) == []
+    assert run_case_inprocess(data, layout="other/external").kind in ("ok", "user_error")

@@ -92,8 +92,12 @@ def _externalized(data: bytes, folder: Path) -> bytes:
         return data
     from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
-    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=0)
-    write_external_data_tensors(m, str(folder))
+    try:
+        convert_model_to_external_data(m, all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=0)
+        write_external_data_tensors(m, str(folder))
+    except Exception:  # noqa: BLE001 (what onnx cannot write out, e.g. a tensor name that is not text: as it is)
+        (folder / "model.onnx.data").unlink(missing_ok=True)
+        return data
     return m.SerializeToString()
 
 
