@@ -169,6 +169,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
                               on_stage=update, target=_machine_target(args), threads=args.threads)
         update("writing the bundle")
         out = write_bundle(art, args.output, source=str(Path(args.model).resolve()))
+        if args.dump_kernel_ir:
+            from dlcc.frontend.save import atomic_output
+            from dlcc.lower.kir import print_program
+
+            with atomic_output(args.dump_kernel_ir) as f:  # buffers with arena offsets, kernels and their steps
+                f.write(print_program(art.program, art.memory) + "\n")
         size = None
         if args.build:
             update("building with make")
@@ -665,6 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
     fusion_opt(p)
     machine_target_opt(p)
     p.add_argument("--portable", action="store_true", help="the same as --target generic")
+    p.add_argument("--dump-kernel-ir", metavar="FILE", help="write the kernel IR (buffers with their arena offsets, "
+                   "kernels and their steps) to FILE")
     p.add_argument("--build", action="store_true", help="also run make (a cross compiler for another "
                    "architecture's target) and report the binary size")
     p.set_defaults(func=cmd_compile)

@@ -143,3 +143,11 @@ def test_run_a_bundle_built_for_another_machine_says_how_to_rebuild(tmp_path, ca
     assert "Traceback" not in err and "internal error" not in err
     assert f"make -C {out}" in err
     assert (f"built for {binary}" if machine else "not an executable for this machine") in err
+
+
+def test_compile_dumps_the_kernel_ir(tmp_path, small_path) -> None:
+    out, dump = tmp_path / "b", tmp_path / "kir.txt"
+    assert main(["compile", str(small_path), "-o", str(out), "--input-shape", "x=2,4", "--dump-kernel-ir",
+                 str(dump)]) == 0
+    text = dump.read_text()
+    assert text.startswith("program: 1 kernels") and "template(Gemm) [Gemm+Relu]" in text and "output" in text
