@@ -241,3 +241,16 @@ def test_constant_values_kept_in_the_input_data_file_are_written_into_the_output
 
 
 import onnx.parser  # noqa: E402  (used by the last test only)
+
+
+def test_an_external_data_model_gets_its_shapes_at_load(tmp_path: Path) -> None:
+    """Every initializer external, the split sizes included (differential fuzz, graph seed 1880: the model
+    came out of loading untyped, and a Clip rule then failed on a value of unknown dtype)."""
+    from dlcc.testing.differential import check_graph
+    from dlcc.testing.graphs import random_graph
+
+    for seed in (1880, 2664):
+        assert check_graph(random_graph(seed), seed, levels=(3,), compile=False, saved=True) == []
+    src = _exported(tmp_path)
+    model = dlcc.load(src)
+    assert all(o.dtype is not None and o.shape is not None for n in model.graph for o in n.outputs)

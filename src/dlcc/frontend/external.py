@@ -21,7 +21,8 @@ import onnx_ir as ir
 from dlcc.errors import ExternalDataError
 from dlcc.frontend.walk import ProtoWalk, attr_tensors
 
-__all__ = ["check_external_data", "check_external_tensor", "checkable"]
+__all__ = ["SMALL_IN_MEMORY_BYTES", "check_external_data", "check_external_tensor", "checkable", "in_memory",
+           "small_into_memory"]
 
 
 def check_external_data(walk: ProtoWalk, folder: Path | None) -> None:
@@ -128,3 +129,25 @@ def checkable(proto: onnx.ModelProto, external: bool | None = None) -> onnx.Mode
                         np.zeros(tuple(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type)), t.name)
                     t.CopyFrom(zeros)
     return copy
+
+
+# external initializers up to this size are read into memory at load: shape inference needs the values of
+# small constants (split sizes, shapes, axes), and onnx's cannot read them from a data file
+SMALL_IN_MEMORY_BYTES = 64 * 1024
+
+
+def in_memory(t: ir.TensorProtocol) -> ir.TensorProtocol:
+    """``t`` itself, or for an external tensor a copy of its data in memory (the mapping is not released:
+    arrays already handed out stay valid)."""
+    if not isinstance(t, ir.ExternalTensor):
+        return t
+    return ir.Tensor(t.numpy().copy(), dtype=t.dtype, name=t.name, doc_string=t.doc_string)
+
+
+def small_into_memory(model: ir.Model, limit: int = SMALL_IN_MEMORY_BYTES) -> None:
+    """Every external initializer of at most ``limit`` bytes read into memory."""
+    for g in model.graphs():
+        for v in g.initializers.values():
+            t = v.const_value
+            if isinstance(t, ir.ExternalTensor) and t.nbytes <= limit:
+                v.const_value = in_memory(t)

@@ -26,7 +26,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from dlcc.errors import ModelLoadError, UnsupportedModelError
-from dlcc.frontend.external import check_external_data, checkable
+from dlcc.frontend.external import check_external_data, checkable, small_into_memory
 from dlcc.frontend.legacy import (
     check_ir3_initializers,
     negative_dims,
@@ -103,10 +103,15 @@ def load(
         first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), type(cause).__name__)
         raise ModelLoadError(f"the model is corrupted: {first} (in {e})",
                              hint="re-export the model") from None
-    if not small:
-        _run_checker(model)
     if folder is not None and external:
         ir.external_data.set_base_dir(model.graph, str(folder))
+        small_into_memory(model)  # (inference reads small constants' values; onnx's cannot read a data file)
+    if not small:
+        _run_checker(model)
+    elif external:  # the proto's inference above waited for the IR
+        from dlcc.frontend.shapes import infer_shapes
+
+        infer_shapes(model, strict=False)
     model.meta["dlcc.notes"] = []
     if unknown:
         shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")

@@ -36,6 +36,7 @@ import onnx
 import onnx_ir as ir
 
 from dlcc.errors import OutputError
+from dlcc.frontend.external import in_memory
 
 __all__ = ["EXTERNAL_DATA_THRESHOLD", "atomic_output", "save", "tensor_bytes", "to_proto"]
 
@@ -101,7 +102,7 @@ def _externalize(model: ir.Model, folder: Path, data_name: str) -> None:
             if t.nbytes > INLINE_MAX_BYTES:
                 big.append(v)
             elif isinstance(t, ir.ExternalTensor):
-                v.const_value = _in_memory(t)
+                v.const_value = in_memory(t)
     if big:
         written = ir.external_data.convert_tensors_to_external([v.const_value for v in big], folder, data_name)
         for v, t in zip(big, written, strict=True):
@@ -126,15 +127,9 @@ def _inline_attribute_tensors(model: ir.Model) -> None:
         for node in g:
             for a in node.attributes.values():
                 if a.type == ir.AttributeType.TENSOR and isinstance(a.value, ir.ExternalTensor):
-                    node.attributes[a.name] = ir.AttrTensor(a.name, _in_memory(a.value))
+                    node.attributes[a.name] = ir.AttrTensor(a.name, in_memory(a.value))
                 elif a.type == ir.AttributeType.TENSORS and any(isinstance(t, ir.ExternalTensor) for t in a.value):
-                    node.attributes[a.name] = ir.AttrTensors(a.name, [_in_memory(t) for t in a.value])
-
-
-def _in_memory(t: ir.TensorProtocol) -> ir.TensorProtocol:
-    if not isinstance(t, ir.ExternalTensor):
-        return t
-    return ir.Tensor(t.numpy().copy(), dtype=t.dtype, name=t.name, doc_string=t.doc_string)
+                    node.attributes[a.name] = ir.AttrTensors(a.name, [in_memory(t) for t in a.value])
 
 
 def _has_external(model: ir.Model) -> bool:
