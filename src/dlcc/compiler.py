@@ -162,6 +162,13 @@ def _lower(b: _Build) -> None:
         b.program = lower(b.model, b.plan)
 
 
+def _schedule(b: _Build) -> None:
+    from dlcc.schedule.target import get_target
+    from dlcc.schedule.workspace import declare_workspace
+
+    declare_workspace(b.program, get_target(b.target), b.threads)
+
+
 def _memory(b: _Build) -> None:
     from dlcc.memory.schedule import plan_program_memory
 
@@ -187,6 +194,9 @@ BACKEND: list[tuple[str, Callable[[_Build], None]]] = [
     ("fusion", _fusion),
     # kernel IR: one loop-nest kernel per group, views for reshape-like ops, epilogues in their template
     ("lower", _lower),
+    # per target and thread count: the scratch each kernel asks for (packed GEMM panels), declared
+    # before memory planning so the arena holds it
+    ("schedule", _schedule),
     # one arena for every temporary, checked against the size limit before codegen copies the weights
     ("memory", _memory),
     # print the kernel IR as C (one function per kernel, the run entry point, the weight blob)

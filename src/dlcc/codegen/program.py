@@ -45,6 +45,7 @@ from dlcc.codegen.cbase import sanitize_comment as _c
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
 from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
 from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline, par_for
+from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
 from dlcc.memory.planner import MemoryPlan
@@ -97,6 +98,7 @@ class _KernelGen:
         self.weights = weights
         self.target = target
         self.threads = threads
+        self.micro: set[str] = set()  # micro-kernels the kernels call
 
     def ref(self, bid: int) -> TensorRef:
         b = self.p.buffers[bid]
@@ -191,8 +193,9 @@ class _KernelGen:
                 gen._memo = saved
             return "{ " + " ".join(stmts) + f" {dst.at(idx)} = {expr}; }}"
 
+        ws = self.ref(step.workspace) if step.workspace is not None else None
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
-                            lambda arr: self.weights.add(arr), self.target, self.threads)
+                            lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro)
         code = TEMPLATES[node.op_type](call)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
 
@@ -261,7 +264,7 @@ def generate(program: Program, memory: MemoryPlan, target: Target | str | None =
         funcs.append(f"/* kernel {k.id}: {_c(what, 120)} ({names_}) */\n{tasks}{signature} {{\n{indent(body)}\n}}\n")
         calls.append(f"dlcc_k{k.id}({', '.join(args)});")
     arena = memory.arena_bytes
-    head = prelude(target)
+    head = prelude(target) + "".join("\n" + micro_c(name, target.lanes) for name in sorted(kgen.micro))
     files: dict[str, str] = {}
     units: list[list[str]] = [[]]
     size = 0

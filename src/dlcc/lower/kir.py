@@ -15,6 +15,9 @@ interpreter (``dlcc.lower.interp``) runs.
                             with its elementwise epilogue (bias, activation, residual add) applied to each
                             result before it is stored — the kernel owns its epilogue
       inputs / outputs      buffer ids in graph order
+    workspace: a template step may own a ``temp`` buffer of scratch (packed operands, transform tiles) that
+    the schedule stage declared before memory planning; its kernel writes it and nothing reads it after,
+    so it lives for that kernel only.
 
 Invariants (``verify_program``): every buffer a kernel reads is a graph input or weight, or is written by
 an earlier kernel (or earlier in the same kernel); views stay inside their base; each graph output is
@@ -77,6 +80,7 @@ class Step:
     nodes: list[ir.Node] = field(default_factory=list)  # the group nodes this step computes (incl. inlined)
     copy: tuple[int, int] | None = None  # copy steps: (destination buffer, source buffer)
     scratch: int | None = None  # template steps whose destination is strided or not float32: an accumulator
+    workspace: int | None = None  # template steps: the scratch buffer the schedule declared (packed operands)
 
     def describe(self) -> str:
         ops = "+".join(n.op_type for n in self.nodes) or "-"
@@ -179,5 +183,6 @@ def print_program(p: Program, memory=None) -> str:
         lines.append(f"  k{k.id} (group {k.group}): ({reads}) -> ({writes})")
         for s in k.steps:
             outs = f"b{s.copy[0]} <- b{s.copy[1]}" if s.copy else ", ".join(f"b{p.value_buffer[v]}" for v in s.outputs)
-            lines.append(f"    {s.describe()} -> {outs}")
+            ws = f" (workspace b{s.workspace})" if s.workspace is not None else ""
+            lines.append(f"    {s.describe()} -> {outs}{ws}")
     return "\n".join(lines)

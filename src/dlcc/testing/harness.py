@@ -22,7 +22,9 @@ import onnx_ir as ir
 from dlcc.build.cc import compile_files, compiler, flags_for
 from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, loops, vector_helpers
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.codegen.ukernels import micro_c
 from dlcc.schedule.target import NAMES, Target, get_target
+from dlcc.schedule.workspace import node_workspace_bytes
 
 __all__ = ["assert_close", "ort_output", "run_node", "runnable_targets"]
 
@@ -52,6 +54,7 @@ def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[i
     params.append(f"{oref.ctype}* restrict out")
     gen = ExprGen(buffers, consts, names)
     packed: list[np.ndarray] = []
+    ws, micro = None, ""
     if node.op_type in TEMPLATES:
         operands = []
         for v in node.inputs:
@@ -67,9 +70,14 @@ def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[i
             packed.append(array)
             return ref
 
+        nbytes = node_workspace_bytes(node, lambda v: v.const_value is not None, target, 1)
+        if nbytes:  # the scratch the schedule stage would declare
+            ws = TensorRef("ws", "float32", (nbytes // 4,))
         call = TemplateCall(node, operands, oref.shape, oref.dtype,
-                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names, pack, target)
+                            lambda idx, val: f"{oref.at(idx)} = {val};", oref, True, names, pack, target,
+                            **({"workspace": ws} if ws is not None else {}))
         body = TEMPLATES[node.op_type](call)
+        micro = "".join(micro_c(name, target.lanes) for name in sorted(call.micro))
     else:
         def inner(idx):
             stmts: list[str] = []
@@ -78,7 +86,10 @@ def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[i
             return "\n".join([*stmts, f"{oref.at(idx)} = {expr};"])
         _, body = loops(oref.shape, names, inner)
     params += [f"const {ctype(a.dtype)}* restrict w{k}" for k, a in enumerate(packed)]
-    return f"{prelude(target)}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins, packed
+    if ws is not None:  # the last parameter (filled with NaN: nothing may rely on its contents)
+        params.append("float* restrict ws")
+        packed.append(np.full(ws.shape, np.nan, dtype=np.float32))
+    return f"{prelude(target)}\n{micro}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n", ins, packed
 
 
 def run_node(model: onnx.ModelProto | ir.Model, feeds: dict[str, np.ndarray], *, keep: str | None = None,

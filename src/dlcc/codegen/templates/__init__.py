@@ -15,6 +15,9 @@ every lane count, register tile and cache block derives from; the C may use ``dl
 float vector (``cbase.vector_helpers``, in every generated file's prelude).
 Weights: an operand whose ``const`` is set is a compile-time constant; ``call.packed(array)`` adds a
 rearranged copy as a new weight buffer (compile-time repacking into the layout the kernel reads fastest).
+Workspace: ``call.workspace`` is the scratch ``dlcc.schedule.workspace`` declared for this step before
+memory planning (None when it declared none); a template that prints loop IR adds the micro-kernels it
+calls to ``call.micro``.
 A template that meets an attribute or shape it does not handle raises ``TemplateError``.
 """
 
@@ -45,6 +48,8 @@ class TemplateCall:
     pack: Callable[[np.ndarray], TensorRef] | None = None
     target: Target = field(default_factory=get_target)  # every lane count and tile size derives from it
     threads: int = 1  # the pool's size: >1 lets the template mark one top-level loop ``threads.par_for``
+    workspace: TensorRef | None = None  # the scratch the schedule stage declared for this step (float32, 1-D)
+    micro: set[str] = field(default_factory=set)  # micro-kernels the C calls (their bodies go in the prelude)
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);

@@ -15,14 +15,18 @@ Sums run in a different order than onnxruntime: compared with rtol 1e-4 (DESIGN 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from dlcc.codegen.cbase import TemplateError, TensorRef, c_float, indent, loops
 from dlcc.codegen.expr import broadcast_index
+from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
+from dlcc.lower.lir import Buf, Layout, verify_func
+from dlcc.schedule.gemm import MIN_N, GemmPlan, gemm_func, pack_b, plan_gemm
 
 NB_MAX = 256
 DOT_N = 8  # below this many output columns, use dot products along k
@@ -45,7 +49,8 @@ class _Gemm:
     """One batched product: accessors for A and B elements by (batch index, row, col)."""
 
     def __init__(self, call: TemplateCall, batch: tuple[int, ...], m: int, n: int, k: int, a_at, b_runtime,
-                 b_const: np.ndarray | None, b_batch: tuple[int, ...], b_ref: TensorRef | None, epilogue):
+                 b_const: np.ndarray | None, b_batch: tuple[int, ...], b_ref: TensorRef | None, epilogue,
+                 a_rows: tuple[TensorRef, int, int] | None = None, trivial_epilogue: bool = False):
         self.call, self.names = call, call.names
         self.batch, self.m, self.n, self.k = batch, m, n, k
         self.a_at = a_at  # (bidx, i, k) -> C expr
@@ -54,10 +59,15 @@ class _Gemm:
         self.b_batch = b_batch
         self.b_ref = b_ref  # the B buffer when it can be read as is ([*b_batch, K, N] row-major)
         self.epilogue = epilogue  # (bidx, i, j, value) -> C statements
+        self.a_rows = a_rows  # A as (ref, row stride, column stride) over all rows of all batches, if it can be
+        self.trivial = trivial_epilogue  # the epilogue only stores the value where the product is accumulated
 
     def code(self) -> str:
         if self.m == 0 or self.n == 0 or math.prod(self.batch) == 0:
             return ""
+        packed = self._packed_lir()
+        if packed is not None:
+            return packed
         body = self._dot if self.n < DOT_N else self._panels
         work = 2.0 * self.m * self.n * self.k * math.prod(self.batch)
         self.par = self.call.threads if self.call.parallel(work) else 0
@@ -72,6 +82,40 @@ class _Gemm:
         if math.prod(self.batch) > 1:
             self.par = 0  # (a marked loop must be the outermost statement)
         bidx, text = loops(self.batch, self.names, lambda bidx: body(list(bidx)), prefix="b")
+        return text
+
+    # -- the packed GEMM (loop IR, schedule.gemm): a constant B, all rows of A as one matrix
+    def _packed_lir(self) -> str | None:
+        call = self.call
+        ws, c = call.workspace, call.scratch
+        if (self.b_const is None or self.a_rows is None or ws is None or self.n < MIN_N
+                or any(d != 1 for d in self.b_batch) or not c.contiguous):
+            return None
+        rows = math.prod(self.batch) * self.m
+        plan = plan_gemm(rows, self.n, self.k, call.target, call.threads)
+        if plan.workspace_bytes > 4 * ws.size:
+            return None
+        aref, rs, cs = self.a_rows
+        names = call.names
+        a = Buf(aref.ptr, "float32", Layout.strided((rows, self.k), (rs, cs), aref.offset))
+        packed = call.packed(pack_b(self.b_const.reshape(self.k, self.n), plan.nr))
+        bp = Buf(packed.ptr, "float32", Layout.strided(packed.shape))
+        cb = Buf(c.ptr, "float32", Layout.strided((rows, self.n), (self.n, 1), c.offset))
+        wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+        f = gemm_func(plan, a, bp, cb, wsb, not self.trivial, fresh=names)
+        _verify_once(plan, (rs, cs), not self.trivial, ws.size)
+        batch, m = self.batch, self.m
+
+        def store(idx, v):
+            row = idx[0]
+            bidx = ["0" if d == 1 else f"(({row}) / {m * math.prod(batch[i + 1:])}) % {d}"
+                    for i, d in enumerate(batch)]
+            i = row if math.prod(batch) == 1 else f"(({row}) % {m})"
+            return self.epilogue(bidx, i, idx[1], v)
+
+        text, micro = print_c(f, {aref.ptr: aref.ptr, packed.ptr: packed.ptr, c.ptr: c.ptr, wsb.name: ws.base()},
+                              store, call.target.lanes)
+        call.micro.update(micro)
         return text
 
     # -- B access for the panel kernel
@@ -214,6 +258,35 @@ class _Gemm:
         return body
 
 
+@functools.lru_cache(maxsize=256)
+def _verify_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bool, ws_floats: int) -> None:
+    """verify_func on the loop IR of ``plan`` (the same for every product with this plan and A's strides)."""
+    rs, cs = a_strides
+    span = (plan.m - 1) * rs + (plan.k - 1) * cs + 1
+    a = Buf("a", "float32", Layout.strided((plan.m, plan.k), (rs, cs)))
+    if a.layout.span > span:
+        raise TemplateError("internal: A's rows overlap")
+    bp = Buf("b", "float32", Layout.strided((plan.col_panels, plan.k, plan.nr)))
+    c = Buf("c", "float32", Layout.strided((plan.m, plan.n)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(gemm_func(plan, a, bp, c, ws, epilogue))
+
+
+def _rows(ref: TensorRef | None, lead: int) -> tuple[TensorRef, int, int] | None:
+    """``ref`` ([*batch, m, k] with ``lead`` = len(batch) + 1 leading dims, or [k]) as one matrix of rows:
+    (ref, row stride, column stride), when its leading dims flatten into one stride."""
+    if ref is None:
+        return None
+    if ref.rank == 1:
+        return ref, ref.size, ref.strides[0]
+    dims = [(d, s) for d, s in zip(ref.shape[:lead], ref.strides[:lead], strict=True) if d != 1]
+    for (_, s0), (d1, s1) in zip(dims, dims[1:], strict=False):
+        if s0 != s1 * d1:
+            return None
+    rs = dims[-1][1] if dims else ref.size
+    return ref, rs, ref.strides[-1]
+
+
 def _float(call: TemplateCall) -> None:
     for op in call.inputs:
         if op is not None and op.dtype != "float32":
@@ -265,7 +338,8 @@ def matmul(call: TemplateCall) -> str:
         b_const = np.asarray(b.const, dtype=np.float32).reshape(*b_batch, k, n)
         if not b1 and b.ref is not None and b.ref.contiguous:
             b_ref = b.ref
-    return _Gemm(call, batch, m, n, k, a_at, b_at, b_const, b_batch, b_ref, epilogue).code()
+    a_rows = _rows(a.ref, len(ash) - 1) if len(a_batch) == len(batch) or not a_batch else None
+    return _Gemm(call, batch, m, n, k, a_at, b_at, b_const, b_batch, b_ref, epilogue, a_rows, call.direct).code()
 
 
 @register("Gemm", needs_buffers=True)
@@ -310,4 +384,8 @@ def gemm(call: TemplateCall) -> str:
             b_const = np.ascontiguousarray(b_const.T)
         elif b.ref is not None and b.ref.contiguous:
             b_ref = b.ref
-    return _Gemm(call, (), m, n, k, a_at, b_at, b_const, (), b_ref, epilogue).code()
+    a_rows = None
+    if a.ref is not None:
+        a_rows = (a.ref, a.ref.strides[1], a.ref.strides[0]) if ta else (a.ref, a.ref.strides[0], a.ref.strides[1])
+    trivial = call.direct and alpha == 1.0 and (c is None or beta == 0.0)
+    return _Gemm(call, (), m, n, k, a_at, b_at, b_const, (), b_ref, epilogue, a_rows, trivial).code()

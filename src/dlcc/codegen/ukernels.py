@@ -1,0 +1,61 @@
+"""C bodies of the loop IR's named micro-kernels (contracts and numpy references: ``dlcc.lower.micro``).
+
+What goes in: a micro-kernel name (``gemm_{mr}x{nr}``) and the target's float lanes. What comes out: one
+``static`` C function ``dlcc_uk_<name>`` per name, written with the target's float vector ``dlcc_vf``
+(``cbase.vector_helpers``): GCC/Clang keep each accumulator in a vector register, so the same text is a
+register-tiled kernel on AVX-512, AVX2, NEON or plain 16-byte vectors.
+
+gemm_{mr}x{nr}: mr x (nr / lanes) vector accumulators; per k, the nr-column row of the B micro-panel is
+loaded once (nr / lanes vectors) and each of the mr values of the A micro-panel is broadcast once and
+feeds nr / lanes FMAs. A full-width tile is added to (``acc``) and stored into C with vector loads and
+stores; a narrower one (the matrix's last columns) goes through a small local tile.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dlcc.codegen.cbase import indent
+
+__all__ = ["micro_c"]
+
+_GEMM = re.compile(r"gemm_(\d+)x(\d+)$")
+
+
+def micro_c(name: str, lanes: int) -> str:
+    """The C definition of micro-kernel ``name`` for vectors of ``lanes`` floats."""
+    m = _GEMM.match(name)
+    if m is None:
+        raise ValueError(f"no C body for micro-kernel {name}")
+    return _gemm(int(m.group(1)), int(m.group(2)), lanes)
+
+
+def _gemm(mr: int, nr: int, lanes: int) -> str:
+    if nr % lanes:
+        raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
+    nv = nr // lanes
+    acc = [[f"c{r}_{q}" for q in range(nv)] for r in range(mr)]
+    lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
+    lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
+    body = [f"const dlcc_vf b{q} = dlcc_vf_load(b + {q * lanes});" for q in range(nv)]
+    for r in range(mr):
+        fmas = " ".join(f"{acc[r][q]} += x{r} * b{q};" for q in range(nv))
+        body.append(f"{{ const dlcc_vf x{r} = (dlcc_vf){{0}} + a[{r}]; {fmas} }}")
+    body += [f"a += {mr};", f"b += {nr};"]
+    lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
+    full_acc, full_st = [], []
+    for r in range(mr):
+        for q in range(nv):
+            p = f"c + {r} * ldc + {q * lanes}"
+            full_acc.append(f"{acc[r][q]} += dlcc_vf_load({p});")
+            full_st.append(f"dlcc_vf_store({p}, {acc[r][q]});")
+    tile = [f"float t[{mr * nr}];"]
+    tile += [f"dlcc_vf_store(t + {r * nr + q * lanes}, {acc[r][q]});" for r in range(mr) for q in range(nv)]
+    tile.append(f"for (int64_t r = 0; r < {mr}; ++r)\n"
+                f"    for (int64_t j = 0; j < ncols; ++j) c[r * ldc + j] = (acc ? c[r * ldc + j] : 0.0f) "
+                f"+ t[r * {nr} + j];")
+    lines.append(f"if (ncols == {nr}) {{\n"
+                 f"    if (acc) {{\n{indent(chr(10).join(full_acc), 2)}\n    }}\n{indent(chr(10).join(full_st))}\n"
+                 f"}} else {{\n{indent(chr(10).join(tile))}\n}}")
+    return (f"static void dlcc_uk_gemm_{mr}x{nr}(int64_t kc, const float* restrict a, const float* restrict b, "
+            f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n{indent(chr(10).join(lines))}\n}}\n")

@@ -1,0 +1,856 @@
+"""Loop-level kernel IR: loop nests over buffers with layouts, vector accesses, scoped allocations and calls
+to named micro-kernels. The level between a kernel's algorithm and its C.
+
+What goes in: built by a kernel's lowering (``dlcc.codegen.templates.gemm_lir`` builds the packed GEMM) with
+the constructors below; schedule transformations (``split``, ``mark``) rewrite it.
+What comes out: a ``Func`` that ``print_func`` lists, ``verify_func`` checks, ``run_func`` interprets with
+numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
+
+    Func(name, params, body, workspace)
+      params     Buf(scope="global"): the buffers the kernel reads and writes (C pointers)
+      workspace  Buf(scope="workspace" | "thread_workspace"): scratch the kernel declares before memory
+                 planning (the arena holds it; per thread: one copy per thread of the pool)
+      body       statements:
+        For(var, start, stop, body, kind)   kind: serial | parallel | vectorized | unrolled
+        Store(buf, index, value, lanes)     lanes > 1: a vector store of consecutive elements of the last axis
+        If(cond, then, else_)
+        Alloc(buf, body)                    buf.scope: register | stack | workspace | thread_workspace
+        Micro(name, args)                   a named micro-kernel (``MICRO``) with a stated contract
+        Epilogue(index, value)              hands element ``index`` of the kernel's result to the fused
+                                            epilogue (bias, activation, residual add, the final store)
+      expressions: Var, Const, Bin(op, a, b), Load(buf, index, lanes), Bcast(value, lanes), Ptr(buf, index)
+
+Buffers hold scalars; a vector access reads or writes ``lanes`` consecutive elements along the last logical
+axis, which the layout must keep contiguous. A ``Layout`` maps a logical index to an element offset:
+``offset + sum(stride * ((index[axis] // div) % ext))`` over its physical dims, so a permutation, strides,
+channel blocking (NCHWc: the channel axis appears twice, ``c // 16`` and ``c % 16``) and a zero padding
+ring (a larger physical extent, an offset) are all one form.
+
+Invariants (``verify_func``): every variable is bound by an enclosing loop; every buffer is a parameter, an
+enclosing allocation or declared workspace; indices are int64 and every access (vector lanes and micro-kernel
+footprints included) stays inside its buffer for every value of the loop variables; stored values have the
+buffer's dtype; the iterations of a parallel loop write disjoint element ranges of every buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dlcc.errors import PassError
+
+__all__ = ["Alloc", "Bcast", "Bin", "Buf", "Const", "Epilogue", "Expr", "For", "Func", "If", "Layout", "Load",
+           "MICRO", "Micro", "MicroKernel", "Ptr", "Store", "Var", "mark", "print_func", "run_func", "split",
+           "verify_func"]
+
+SCOPES = ("global", "register", "stack", "workspace", "thread_workspace")
+KINDS = ("serial", "parallel", "vectorized", "unrolled")
+INT_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&")
+FLOAT_OPS = ("+", "-", "*", "/", "min", "max")
+
+
+# ----------------------------------------------------------------------------------------------- layouts
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]  # logical
+    dims: tuple[tuple[int, int, int, int], ...]  # physical dims (axis, div, ext, stride)
+    offset: int = 0
+
+    @staticmethod
+    def strided(shape: Sequence[int], strides: Sequence[int] | None = None, offset: int = 0) -> Layout:
+        shape = tuple(int(d) for d in shape)
+        if strides is None:
+            strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        return Layout(shape, tuple((a, 1, d, int(s)) for a, (d, s) in enumerate(zip(shape, strides, strict=True))),
+                      offset)
+
+    @staticmethod
+    def blocked(shape: Sequence[int], axis: int, block: int) -> Layout:
+        """Channel blocking: ``axis`` (e.g. C of NCHW) split into ``ceil(C/block)`` outer blocks placed where
+        the axis was and ``block`` inner elements innermost (NCHW -> NCHW16c); the last block is padded."""
+        shape = tuple(int(d) for d in shape)
+        outer = -(-shape[axis] // block)
+        phys = [(a, 1, d) for a, d in enumerate(shape)]
+        phys[axis] = (axis, block, outer)
+        phys.append((axis, 1, block))
+        strides = [math.prod(e for _, _, e in phys[p + 1:]) for p in range(len(phys))]
+        return Layout(shape, tuple((a, dv, e, s) for (a, dv, e), s in zip(phys, strides, strict=True)))
+
+    @property
+    def span(self) -> int:
+        """Elements from the buffer's start to one past the last addressable element."""
+        return self.offset + sum((e - 1) * s for _, _, e, s in self.dims) + 1 if self.dims else self.offset + 1
+
+    def address(self, index: Sequence[Expr]) -> Expr:
+        if len(index) != len(self.shape):
+            raise PassError(f"loop IR: {len(index)} indices for a rank-{len(self.shape)} layout")
+        total: Expr = Const(self.offset)
+        for axis, div, ext, stride in self.dims:
+            i = index[axis]
+            if div != 1:
+                i = Bin("//", i, Const(div))
+            if ext * div < self.shape[axis]:
+                i = Bin("%", i, Const(ext))
+            total = total + i * Const(stride)
+        return simplify(total)
+
+    def vector_ok(self, lanes: int) -> bool:
+        """Can ``lanes`` consecutive elements of the last axis be one contiguous vector access?"""
+        last = len(self.shape) - 1
+        inner = [d for d in self.dims if d[0] == last and d[1] == 1]
+        return bool(inner) and inner[0][3] == 1 and (inner[0][2] * inner[0][1] >= self.shape[last]
+                                                      or inner[0][2] % lanes == 0)
+
+
+# ------------------------------------------------------------------------------------------- expressions
+class Expr:
+    dtype = "int64"
+    lanes = 1
+
+    def __add__(self, o):
+        return Bin("+", self, _e(o))
+
+    def __radd__(self, o):
+        return Bin("+", _e(o), self)
+
+    def __sub__(self, o):
+        return Bin("-", self, _e(o))
+
+    def __mul__(self, o):
+        return Bin("*", self, _e(o))
+
+    def __rmul__(self, o):
+        return Bin("*", _e(o), self)
+
+    def __floordiv__(self, o):
+        return Bin("//", self, _e(o))
+
+    def __mod__(self, o):
+        return Bin("%", self, _e(o))
+
+
+def _e(x) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        raise TypeError("no bool constants")
+    return Const(x, "int64" if isinstance(x, int) else "float32")
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Expr):
+    name: str
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: int | float
+    dtype: str = "int64"
+
+
+@dataclass(frozen=True, eq=True)
+class Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return "int64" if self.op in ("<", "<=", "==", "!=", "&&") else self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return max(self.a.lanes, self.b.lanes)
+
+
+@dataclass(frozen=True, eq=True)
+class Load(Expr):
+    buf: Buf
+    index: tuple[Expr, ...]
+    lanes: int = 1
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.buf.dtype
+
+
+@dataclass(frozen=True, eq=True)
+class Bcast(Expr):
+    value: Expr
+    lanes: int = 1
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.value.dtype
+
+
+@dataclass(frozen=True, eq=True)
+class Ptr(Expr):
+    """The address of element ``index`` of ``buf`` (micro-kernel arguments)."""
+    buf: Buf
+    index: tuple[Expr, ...]
+
+    dtype = "ptr"
+
+
+def simplify(e: Expr) -> Expr:
+    """Constant folding and the identities x+0, x*1, x*0 on int64 expressions."""
+    if isinstance(e, Bin) and e.dtype == "int64" and e.op in ("+", "-", "*", "//", "%", "min", "max"):
+        a, b = simplify(e.a), simplify(e.b)
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const(_int_op(e.op, int(a.value), int(b.value)))
+        if e.op == "+" and isinstance(a, Const) and a.value == 0:
+            return b
+        if e.op in ("+", "-") and isinstance(b, Const) and b.value == 0:
+            return a
+        if e.op == "*" and (isinstance(a, Const) and a.value == 0 or isinstance(b, Const) and b.value == 0):
+            return Const(0)
+        if e.op == "*" and isinstance(b, Const) and b.value == 1:
+            return a
+        if e.op == "*" and isinstance(a, Const) and a.value == 1:
+            return b
+        if e.op == "//" and isinstance(b, Const) and b.value == 1:
+            return a
+        return Bin(e.op, a, b)
+    return e
+
+
+def _int_op(op: str, a: int, b: int) -> int:
+    return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0,
+            "min": min(a, b), "max": max(a, b), "<": int(a < b), "<=": int(a <= b), "==": int(a == b),
+            "!=": int(a != b), "&&": int(bool(a) and bool(b))}[op]
+
+
+# -------------------------------------------------------------------------------------- buffers, statements
+@dataclass(frozen=True, eq=True)
+class Buf:
+    name: str  # a C identifier
+    dtype: str
+    layout: Layout
+    scope: str = "global"
+    vector: int = 1  # register/stack buffers accessed as vectors: C keeps them as arrays of `vector`-lane vectors
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise PassError(f"loop IR: unknown scope {self.scope}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.layout.shape
+
+    def __getitem__(self, index) -> Load:
+        index = index if isinstance(index, tuple) else (index,)
+        return Load(self, tuple(_e(i) for i in index))
+
+
+class Stmt:
+    pass
+
+
+@dataclass(frozen=True)
+class For(Stmt):
+    var: Var
+    start: Expr
+    stop: Expr
+    body: tuple[Stmt, ...]
+    kind: str = "serial"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise PassError(f"loop IR: unknown loop kind {self.kind}")
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    buf: Buf
+    index: tuple[Expr, ...]
+    value: Expr
+    lanes: int = 1
+
+
+@dataclass(frozen=True)
+class If(Stmt):
+    cond: Expr
+    then: tuple[Stmt, ...]
+    else_: tuple[Stmt, ...] = ()
+
+
+@dataclass(frozen=True)
+class Alloc(Stmt):
+    buf: Buf
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Micro(Stmt):
+    name: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Epilogue(Stmt):
+    index: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass
+class Func:
+    name: str
+    params: tuple[Buf, ...]
+    body: tuple[Stmt, ...]
+    workspace: tuple[Buf, ...] = ()
+
+
+@dataclass(frozen=True)
+class MicroKernel:
+    """A named micro-kernel: its contract and a numpy reference (its C body, per target, is codegen's).
+
+    ``params``: (name, kind) with kind ``int`` (a scalar), ``in`` or ``out`` (a float pointer).
+    ``footprint(args)``: for each pointer parameter, the elements it touches as (rows, row stride, columns)
+    from the pointer (element ``r * row_stride + j``), given the upper bounds of the scalar arguments.
+    ``reference(arrays, offsets, scalars)`` computes the contract on flat numpy arrays (pointer k =
+    ``arrays[k][offsets[k]:]``)."""
+    name: str
+    params: tuple[tuple[str, str], ...]
+    contract: str
+    footprint: Callable[[dict[str, int]], dict[str, int]]
+    reference: Callable[[dict[str, np.ndarray], dict[str, int], dict[str, int]], None]
+
+
+MICRO: dict[str, MicroKernel] = {}
+
+
+# ------------------------------------------------------------------------------------------------ printer
+def _pe(e: Expr) -> str:
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        return repr(e.value) if e.dtype != "int64" else str(int(e.value))
+    if isinstance(e, Bin):
+        if e.op in ("min", "max"):
+            return f"{e.op}({_pe(e.a)}, {_pe(e.b)})"
+        return f"({_pe(e.a)} {e.op} {_pe(e.b)})"
+    if isinstance(e, Load):
+        v = f"<{e.lanes}>" if e.lanes > 1 else ""
+        return f"{e.buf.name}{v}[{', '.join(_pe(i) for i in e.index)}]"
+    if isinstance(e, Bcast):
+        return f"bcast<{e.lanes}>({_pe(e.value)})"
+    if isinstance(e, Ptr):
+        return f"&{e.buf.name}[{', '.join(_pe(i) for i in e.index)}]"
+    raise PassError(f"loop IR: unknown expression {e!r}")
+
+
+def _pbuf(b: Buf) -> str:
+    lay = "" if b.layout == Layout.strided(b.shape) else f" layout{list(b.layout.dims)}+{b.layout.offset}"
+    vec = f" vector<{b.vector}>" if b.vector > 1 else ""
+    return f"{b.name}: {b.dtype}{list(b.shape)} {b.scope}{lay}{vec}"
+
+
+def _pstmts(body: Sequence[Stmt], depth: int, out: list[str]) -> None:
+    pad = "  " * depth
+    for s in body:
+        if isinstance(s, For):
+            kind = "" if s.kind == "serial" else s.kind + " "
+            out.append(f"{pad}{kind}for {s.var.name} in [{_pe(s.start)}, {_pe(s.stop)}):")
+            _pstmts(s.body, depth + 1, out)
+        elif isinstance(s, Store):
+            v = f"<{s.lanes}>" if s.lanes > 1 else ""
+            out.append(f"{pad}{s.buf.name}{v}[{', '.join(_pe(i) for i in s.index)}] = {_pe(s.value)}")
+        elif isinstance(s, If):
+            out.append(f"{pad}if {_pe(s.cond)}:")
+            _pstmts(s.then, depth + 1, out)
+            if s.else_:
+                out.append(f"{pad}else:")
+                _pstmts(s.else_, depth + 1, out)
+        elif isinstance(s, Alloc):
+            out.append(f"{pad}alloc {_pbuf(s.buf)}")
+            _pstmts(s.body, depth + 1, out)
+        elif isinstance(s, Micro):
+            out.append(f"{pad}micro {s.name}({', '.join(_pe(a) for a in s.args)})")
+        elif isinstance(s, Epilogue):
+            out.append(f"{pad}epilogue[{', '.join(_pe(i) for i in s.index)}] <- {_pe(s.value)}")
+        else:
+            raise PassError(f"loop IR: unknown statement {s!r}")
+
+
+def print_func(f: Func) -> str:
+    lines = [f"func {f.name}"]
+    lines += [f"  param {_pbuf(b)}" for b in f.params]
+    lines += [f"  workspace {_pbuf(b)}" for b in f.workspace]
+    _pstmts(f.body, 1, lines)
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ intervals (verifier)
+Interval = tuple[int, int]
+
+
+def interval(e: Expr, env: dict[str, Interval]) -> Interval:
+    """Bounds of an int64 expression given bounds of its variables."""
+    if isinstance(e, Const):
+        return int(e.value), int(e.value)
+    if isinstance(e, Var):
+        if e.name not in env:
+            raise PassError(f"loop IR: variable {e.name} is not bound by an enclosing loop")
+        return env[e.name]
+    if isinstance(e, Bin):
+        (al, ah), (bl, bh) = interval(e.a, env), interval(e.b, env)
+        if e.op == "+":
+            return al + bl, ah + bh
+        if e.op == "-":
+            return al - bh, ah - bl
+        if e.op == "*":
+            c = [al * bl, al * bh, ah * bl, ah * bh]
+            return min(c), max(c)
+        if e.op in ("//", "%"):
+            if bl <= 0:
+                raise PassError(f"loop IR: division by a value that may be <= 0 in {_pe(e)}")
+            if e.op == "//":
+                c = [al // bl, al // bh, ah // bl, ah // bh]
+                return min(c), max(c)
+            if bl == bh and al >= 0 and ah < bl:
+                return al, ah
+            return (0, bh - 1) if al >= 0 else (-(bh - 1), bh - 1)
+        if e.op == "min":
+            return min(al, bl), min(ah, bh)
+        if e.op == "max":
+            return max(al, bl), max(ah, bh)
+        if e.op == "<":
+            return (1, 1) if ah < bl else (0, 0) if al >= bh else (0, 1)
+        if e.op == "<=":
+            return (1, 1) if ah <= bl else (0, 0) if al > bh else (0, 1)
+        if e.op == "==":
+            return (1, 1) if al == ah == bl == bh else (0, 0) if ah < bl or bh < al else (0, 1)
+        if e.op == "!=":
+            return (0, 0) if al == ah == bl == bh else (1, 1) if ah < bl or bh < al else (0, 1)
+        return 0, 1
+    raise PassError(f"loop IR: {_pe(e)} is not an index expression")
+
+
+def _loop_env(s: For, env: dict[str, Interval]) -> Interval | None:
+    lo, _ = interval(s.start, env)
+    _, hi = interval(s.stop, env)
+    return (lo, hi - 1) if hi > lo else None
+
+
+# --------------------------------------------------------------------------------------------- verifier
+@dataclass
+class _Writes:
+    """What one parallel iteration writes, per buffer name: the hull of the element addresses, and the
+    hull box of the logical indices when every write could be said as a box (None once one could not)."""
+    flat: dict[str, Interval] = field(default_factory=dict)
+    box: dict[str, list[Interval] | None] = field(default_factory=dict)
+
+    def add(self, name: str, lo: int, hi: int, box: list[Interval] | None) -> None:
+        old = self.flat.get(name)
+        self.flat[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        if name not in self.box:
+            self.box[name] = box
+        elif self.box[name] is not None and box is not None:
+            self.box[name] = [(min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(self.box[name], box, strict=True)]
+        else:
+            self.box[name] = None
+
+    def overlaps(self, other: _Writes, name: str) -> bool:
+        a, b = self.box.get(name), other.box.get(name)
+        if a is not None and b is not None:
+            return all(x[0] <= y[1] and y[0] <= x[1] for x, y in zip(a, b, strict=True))
+        x, y = self.flat[name], other.flat[name]
+        return x[0] <= y[1] and y[0] <= x[1]
+
+
+class _OutOfBounds(PassError):
+    pass
+
+
+class _Overlap(PassError):
+    pass
+
+
+def _vars(e: Expr, out: set[str]) -> None:
+    if isinstance(e, Var):
+        out.add(e.name)
+    elif isinstance(e, Bin):
+        _vars(e.a, out)
+        _vars(e.b, out)
+
+
+def _controlling(body: Sequence[Stmt], out: set[str]) -> set[str]:
+    """Variables that appear in some loop's bounds or micro-kernel scalar argument."""
+    for s in body:
+        if isinstance(s, Micro):
+            for a in s.args:
+                if not isinstance(a, Ptr):
+                    _vars(a, out)
+        if isinstance(s, For):
+            _vars(s.start, out)
+            _vars(s.stop, out)
+            _controlling(s.body, out)
+        elif isinstance(s, If):
+            _controlling(s.then, out)
+            _controlling(s.else_, out)
+        elif isinstance(s, Alloc):
+            _controlling(s.body, out)
+    return out
+
+
+class _Verifier:
+    def __init__(self, f: Func):
+        self.f = f
+        self.controlling = _controlling(f.body, set())
+        self.exact = False  # enumerate every controlling variable (parallel loops' write sets)
+        self.bufs: dict[str, Buf] = {b.name: b for b in f.params}
+        self.declared = {b.name: b for b in f.workspace}
+        self.writes: list[_Writes] = []
+
+    def fail(self, msg: str) -> None:
+        raise PassError(f"loop IR {self.f.name}: {msg}")
+
+    def fail_bounds(self, msg: str) -> None:
+        raise _OutOfBounds(f"loop IR {self.f.name}: {msg}")
+
+    def buf(self, b: Buf) -> None:
+        if self.bufs.get(b.name) != b:
+            self.fail(f"buffer {b.name} is not a parameter, an enclosing allocation or declared workspace")
+
+    def access(self, b: Buf, index: Sequence[Expr], lanes: int, env, write: bool) -> None:
+        self.buf(b)
+        if len(index) != len(b.shape):
+            self.fail(f"{len(index)} indices into {b.name}{list(b.shape)}")
+        for d, i in enumerate(index):
+            if i.dtype != "int64" or i.lanes != 1:
+                self.fail(f"index {_pe(i)} of {b.name} is not a scalar int64")
+            lo, hi = interval(i, env)
+            if d == len(index) - 1:
+                hi += lanes - 1
+            if lo < 0 or hi >= b.shape[d]:
+                self.fail_bounds(f"{b.name} axis {d} index {_pe(i)} spans [{lo}, {hi}] outside [0, {b.shape[d] - 1}]")
+        if lanes > 1 and not b.layout.vector_ok(lanes):
+            self.fail(f"vector access of {lanes} lanes to {b.name}, whose layout is not contiguous on the last axis")
+        if b.vector > 1 and lanes not in (1, b.vector):
+            self.fail(f"{b.name} holds {b.vector}-lane vectors: a {lanes}-lane access")
+        if write and self.writes:
+            lo, hi = interval(b.layout.address(index), env)
+            box = [interval(i, env) for i in index]
+            box[-1] = (box[-1][0], box[-1][1] + lanes - 1)
+            for w in self.writes:
+                w.add(b.name, lo, hi + lanes - 1, box)
+
+    def expr(self, e: Expr, env) -> None:
+        if isinstance(e, (Var, Const)):
+            interval(e, env) if isinstance(e, Var) else None
+        elif isinstance(e, Bin):
+            self.expr(e.a, env)
+            self.expr(e.b, env)
+            if e.a.dtype != e.b.dtype:
+                self.fail(f"{_pe(e)} mixes {e.a.dtype} and {e.b.dtype}")
+            if e.op not in (INT_OPS if e.a.dtype == "int64" else FLOAT_OPS):
+                self.fail(f"operator {e.op} on {e.a.dtype}")
+            if 1 not in (e.a.lanes, e.b.lanes) and e.a.lanes != e.b.lanes:
+                self.fail(f"{_pe(e)} mixes {e.a.lanes} and {e.b.lanes} lanes")
+        elif isinstance(e, Load):
+            self.access(e.buf, e.index, e.lanes, env, False)
+        elif isinstance(e, Bcast):
+            self.expr(e.value, env)
+        elif isinstance(e, Ptr):
+            self.access(e.buf, e.index, 1, env, False)
+        else:
+            self.fail(f"unknown expression {e!r}")
+
+    def stmts(self, body: Sequence[Stmt], env: dict[str, Interval]) -> None:
+        for s in body:
+            if isinstance(s, For):
+                if s.var.name in env:
+                    self.fail(f"loop variable {s.var.name} shadows an enclosing one")
+                self.expr(s.start, env)
+                self.expr(s.stop, env)
+                rng = _loop_env(s, env)
+                if rng is None:
+                    continue
+                if s.kind == "parallel":
+                    self.parallel(s, env)
+                    continue
+                saved = [(dict(w.flat), dict(w.box)) for w in self.writes]
+                try:
+                    if self.exact and s.var.name in self.controlling and rng[1] - rng[0] <= 4096:
+                        raise _OutOfBounds("(exact)")
+                    self.stmts(s.body, {**env, s.var.name: rng})
+                except _OutOfBounds:
+                    # intervals forget how an inner loop's bounds depend on this variable (a clipped
+                    # tail: r < min(MR, M - ib*MR)): check each of its values on its own
+                    if s.var.name not in self.controlling or rng[1] - rng[0] > 4096:
+                        raise
+                    for w, (flat, box) in zip(self.writes, saved, strict=True):
+                        w.flat, w.box = flat, box
+                    for v in range(rng[0], rng[1] + 1):
+                        self.stmts(s.body, {**env, s.var.name: (v, v)})
+            elif isinstance(s, Store):
+                self.expr(s.value, env)
+                if s.value.dtype != s.buf.dtype:
+                    self.fail(f"store of {s.value.dtype} into {s.buf.dtype} buffer {s.buf.name}")
+                if s.value.lanes not in (1, s.lanes):
+                    self.fail(f"store of a {s.value.lanes}-lane value as {s.lanes} lanes")
+                self.access(s.buf, s.index, s.lanes, env, True)
+            elif isinstance(s, If):
+                self.expr(s.cond, env)
+                lo, hi = interval(s.cond, env)
+                if hi:  # a branch that cannot run for these variable values is not checked
+                    self.stmts(s.then, env)
+                if not lo:
+                    self.stmts(s.else_, env)
+            elif isinstance(s, Alloc):
+                b = s.buf
+                if b.scope == "global":
+                    self.fail(f"allocation {b.name} with global scope")
+                if b.scope in ("workspace", "thread_workspace") and self.declared.get(b.name) != b:
+                    self.fail(f"workspace {b.name} is allocated but not declared in the function's workspace")
+                if b.name in self.bufs:
+                    self.fail(f"allocation {b.name} shadows a buffer")
+                self.bufs[b.name] = b
+                self.stmts(s.body, env)
+                del self.bufs[b.name]
+            elif isinstance(s, Micro):
+                self.micro(s, env)
+            elif isinstance(s, Epilogue):
+                for i in s.index:
+                    self.expr(i, env)
+                self.expr(s.value, env)
+            else:
+                self.fail(f"unknown statement {s!r}")
+
+    def micro(self, s: Micro, env) -> None:
+        mk = MICRO.get(s.name)
+        if mk is None:
+            self.fail(f"unknown micro-kernel {s.name}")
+        if len(s.args) != len(mk.params):
+            self.fail(f"micro-kernel {s.name} takes {len(mk.params)} arguments, not {len(s.args)}")
+        scalars: dict[str, int] = {}
+        for (pname, kind), a in zip(mk.params, s.args, strict=True):
+            self.expr(a, env)
+            if kind == "int":
+                lo, hi = interval(a, env)
+                if lo < 0:
+                    self.fail(f"micro-kernel {s.name}: {pname} may be negative ({_pe(a)})")
+                scalars[pname] = hi
+            elif not isinstance(a, Ptr):
+                self.fail(f"micro-kernel {s.name}: {pname} must be a pointer")
+        reach = mk.footprint(scalars)
+        for (pname, kind), a in zip(mk.params, s.args, strict=True):
+            if kind == "int":
+                continue
+            rows, row_stride, cols = reach[pname]
+            lo, hi = interval(a.buf.layout.address(a.index), env)
+            last = hi + (rows - 1) * row_stride + cols - 1
+            if last >= a.buf.layout.span or lo < 0:
+                self.fail_bounds(f"micro-kernel {s.name}: {pname} reaches element {last} of {a.buf.name} "
+                                 f"(span {a.buf.layout.span})")
+            if kind == "out" and self.writes:
+                box = None  # rows x cols of a plain 2-D buffer whose row stride is the kernel's
+                if a.buf.layout == Layout.strided(a.buf.shape, None if len(a.buf.shape) != 2 else
+                                                  (row_stride, 1)) and len(a.buf.shape) == 2:
+                    (r0, r1), (c0, c1) = (interval(i, env) for i in a.index)
+                    box = [(r0, r1 + rows - 1), (c0, c1 + cols - 1)]
+                for w in self.writes:
+                    w.add(a.buf.name, lo, last, box)
+
+    def parallel(self, s: For, env) -> None:
+        try:
+            self._parallel(s, env)
+        except _Overlap:
+            if self.exact:
+                raise
+            self.exact = True  # the hulls may be loose: again, each controlling variable value on its own
+            try:
+                self._parallel(s, env)
+            finally:
+                self.exact = False
+
+    def _parallel(self, s: For, env) -> None:
+        lo, hi = interval(s.start, env)[0], interval(s.stop, env)[1]
+        if (lo, hi) != (interval(s.start, env)[1], interval(s.stop, env)[0]) or hi - lo > 4096:
+            self.fail(f"parallel loop {s.var.name} needs constant bounds (at most 4096 iterations)")
+        per: list[_Writes] = []
+        for t in range(lo, hi):
+            w = _Writes()
+            self.writes.append(w)
+            try:
+                self.stmts(s.body, {**env, s.var.name: (t, t)})
+            finally:
+                self.writes.pop()
+            per.append(w)
+        for name in sorted({n for w in per for n in w.flat}):
+            both = [(t, w) for t, w in enumerate(per) if name in w.flat]
+            for i, (ta, wa) in enumerate(both):
+                for tb, wb in both[i + 1:]:
+                    if wa.overlaps(wb, name):
+                        raise _Overlap(f"loop IR {self.f.name}: parallel loop {s.var.name}: iterations {lo + ta} "
+                                       f"and {lo + tb} may both write the same elements of {name}")
+
+
+def verify_func(f: Func) -> None:
+    """Check the invariants of the module docstring; raise PassError naming the first broken one."""
+    names = [b.name for b in (*f.params, *f.workspace)]
+    if len(set(names)) != len(names):
+        raise PassError(f"loop IR {f.name}: two buffers share a name")
+    for b in f.params:
+        if b.scope != "global":
+            raise PassError(f"loop IR {f.name}: parameter {b.name} has scope {b.scope}")
+    for b in f.workspace:
+        if b.scope not in ("workspace", "thread_workspace"):
+            raise PassError(f"loop IR {f.name}: workspace {b.name} has scope {b.scope}")
+    _Verifier(f).stmts(f.body, {})
+
+
+# ------------------------------------------------------------------------------------------ interpreter
+class _Interp:
+    def __init__(self, arrays: dict[str, np.ndarray], epilogue):
+        self.mem = arrays  # buffer name -> flat array (physical)
+        self.epilogue = epilogue
+
+    def ev(self, e: Expr, env: dict[str, int]):
+        if isinstance(e, Const):
+            return e.value if e.dtype == "int64" else np.float32(e.value)
+        if isinstance(e, Var):
+            return env[e.name]
+        if isinstance(e, Bin):
+            a, b = self.ev(e.a, env), self.ev(e.b, env)
+            if e.dtype == "int64" and e.a.dtype == "int64":
+                return _int_op(e.op, int(a), int(b))
+            f = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "min": np.minimum,
+                 "max": np.maximum}[e.op]
+            return np.float32(f(a, b)) if e.lanes == 1 else f(a, b).astype(np.float32)
+        if isinstance(e, Load):
+            addr = self.addrs(e.buf, e.index, e.lanes, env)
+            vals = self.mem[e.buf.name][addr]
+            return vals[0] if e.lanes == 1 else vals.copy()
+        if isinstance(e, Bcast):
+            return np.full(e.lanes, self.ev(e.value, env), dtype=np.float32)
+        if isinstance(e, Ptr):
+            return e.buf.name, int(self.ev(e.buf.layout.address(e.index), env))
+        raise PassError(f"loop IR: cannot interpret {e!r}")
+
+    def addrs(self, b: Buf, index, lanes: int, env) -> np.ndarray:
+        idx = [int(self.ev(i, env)) for i in index]
+        out = []
+        for lane in range(lanes):
+            j = [*idx[:-1], idx[-1] + lane]
+            out.append(int(self.ev(b.layout.address([Const(x) for x in j]), {})))
+        return np.array(out)
+
+    def run(self, body: Sequence[Stmt], env: dict[str, int]) -> None:
+        for s in body:
+            if isinstance(s, For):
+                for i in range(int(self.ev(s.start, env)), int(self.ev(s.stop, env))):
+                    self.run(s.body, {**env, s.var.name: i})
+            elif isinstance(s, Store):
+                v = self.ev(s.value, env)
+                self.mem[s.buf.name][self.addrs(s.buf, s.index, s.lanes, env)] = v
+            elif isinstance(s, If):
+                self.run(s.then if self.ev(s.cond, env) else s.else_, env)
+            elif isinstance(s, Alloc):
+                fill = np.nan if s.buf.dtype.startswith("float") else 0
+                self.mem[s.buf.name] = np.full(s.buf.layout.span, fill, dtype=s.buf.dtype)
+                self.run(s.body, env)
+                del self.mem[s.buf.name]
+            elif isinstance(s, Micro):
+                mk = MICRO[s.name]
+                arrays, offsets, scalars = {}, {}, {}
+                for (pname, kind), a in zip(mk.params, s.args, strict=True):
+                    if kind == "int":
+                        scalars[pname] = int(self.ev(a, env))
+                    else:
+                        name, off = self.ev(a, env)
+                        arrays[pname], offsets[pname] = self.mem[name], off
+                mk.reference(arrays, offsets, scalars)
+            elif isinstance(s, Epilogue):
+                self.epilogue(tuple(int(self.ev(i, env)) for i in s.index), self.ev(s.value, env))
+
+
+def run_func(f: Func, arrays: dict[str, np.ndarray], epilogue=None) -> None:
+    """Interpret ``f`` on flat numpy arrays (one per parameter, by name, at least ``layout.span`` long),
+    updating them in place; workspace is allocated here. ``epilogue(index, value)`` receives the Epilogue
+    statements' elements."""
+    mem = dict(arrays)
+    for b in f.workspace:
+        mem[b.name] = np.full(b.layout.span, np.nan, dtype=b.dtype)
+    _Interp(mem, epilogue or (lambda idx, v: None)).run(f.body, {})
+
+
+# ---------------------------------------------------------------------------------------- transformations
+def _subst(e: Expr, var: str, new: Expr) -> Expr:
+    if isinstance(e, Var):
+        return new if e.name == var else e
+    if isinstance(e, Bin):
+        return Bin(e.op, _subst(e.a, var, new), _subst(e.b, var, new))
+    if isinstance(e, Load):
+        return Load(e.buf, tuple(_subst(i, var, new) for i in e.index), e.lanes)
+    if isinstance(e, Bcast):
+        return Bcast(_subst(e.value, var, new), e.lanes)
+    if isinstance(e, Ptr):
+        return Ptr(e.buf, tuple(_subst(i, var, new) for i in e.index))
+    return e
+
+
+def subst_stmts(body: Sequence[Stmt], var: str, new: Expr) -> tuple[Stmt, ...]:
+    """``body`` with variable ``var`` replaced by ``new``."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For):
+            out.append(replace(s, start=_subst(s.start, var, new), stop=_subst(s.stop, var, new),
+                               body=subst_stmts(s.body, var, new)))
+        elif isinstance(s, Store):
+            out.append(Store(s.buf, tuple(_subst(i, var, new) for i in s.index), _subst(s.value, var, new), s.lanes))
+        elif isinstance(s, If):
+            out.append(If(_subst(s.cond, var, new), subst_stmts(s.then, var, new), subst_stmts(s.else_, var, new)))
+        elif isinstance(s, Alloc):
+            out.append(Alloc(s.buf, subst_stmts(s.body, var, new)))
+        elif isinstance(s, Micro):
+            out.append(Micro(s.name, tuple(_subst(a, var, new) for a in s.args)))
+        elif isinstance(s, Epilogue):
+            out.append(Epilogue(tuple(_subst(i, var, new) for i in s.index), _subst(s.value, var, new)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def _map_loops(body: Sequence[Stmt], name: str, fn: Callable[[For], Stmt | tuple[Stmt, ...]]) -> tuple[Stmt, ...]:
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, For) and s.var.name == name:
+            r = fn(s)
+            out.extend(r if isinstance(r, tuple) else (r,))
+        elif isinstance(s, For):
+            out.append(replace(s, body=_map_loops(s.body, name, fn)))
+        elif isinstance(s, If):
+            out.append(If(s.cond, _map_loops(s.then, name, fn), _map_loops(s.else_, name, fn)))
+        elif isinstance(s, Alloc):
+            out.append(Alloc(s.buf, _map_loops(s.body, name, fn)))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def split(f: Func, var: str, factor: int, outer: str | None = None, inner: str | None = None) -> Func:
+    """Split loop ``var`` [start, stop) into an outer loop over blocks of ``factor`` and an inner loop over
+    the block (the last block clipped to stop): ``var = start + outer*factor + inner``."""
+    vo, vi = Var(outer or f"{var}_o"), Var(inner or f"{var}_i")
+
+    def fn(s: For) -> Stmt:
+        n = simplify(s.stop - s.start)
+        blocks = simplify((n + (factor - 1)) // factor)
+        base = simplify(s.start + vo * factor)
+        inner_stop = Bin("min", Const(factor), simplify(s.stop - base)) if not (
+            isinstance(n, Const) and int(n.value) % factor == 0) else Const(factor)
+        body = subst_stmts(s.body, var, simplify(base + vi))
+        return For(vo, Const(0), blocks, (For(vi, Const(0), simplify(inner_stop), body, "serial"),), s.kind)
+    return replace(f, body=_map_loops(f.body, var, fn))
+
+
+def mark(f: Func, var: str, kind: str) -> Func:
+    """Set the kind of loop ``var`` (serial, parallel, vectorized, unrolled)."""
+    if kind not in KINDS:
+        raise PassError(f"loop IR: unknown loop kind {kind}")
+    return replace(f, body=_map_loops(f.body, var, lambda s: replace(s, kind=kind)))

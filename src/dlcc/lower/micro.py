@@ -1,0 +1,46 @@
+"""Micro-kernel contracts of the loop-level kernel IR: what each named micro-kernel computes, the elements
+it touches (for the verifier) and a numpy reference (for the interpreter). Their C bodies, per target, are
+in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
+
+    gemm_{mr}x{nr}(kc, a, b, c, ldc, acc, ncols)
+        c[r*ldc + j] = (acc ? c[r*ldc + j] : 0) + sum_{k < kc} a[k*mr + r] * b[k*nr + j]
+        for r < mr, j < ncols (<= nr). ``a`` is a packed A micro-panel (kc x mr, k-major), ``b`` a packed
+        B micro-panel (kc x nr, k-major, zero beyond the matrix's last column).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dlcc.lower.lir import MICRO, MicroKernel
+
+__all__ = ["gemm_micro"]
+
+
+def gemm_micro(mr: int, nr: int) -> str:
+    """The name of the mr x nr GEMM micro-kernel, registering its contract on first use."""
+    name = f"gemm_{mr}x{nr}"
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, int]:
+        kc = max(s["kc"], 1)
+        return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": (mr, s["ldc"], max(s["ncols"], 1))}
+
+    def reference(arrays, offsets, s) -> None:
+        kc, ldc, nc = s["kc"], s["ldc"], s["ncols"]
+        a = arrays["a"][offsets["a"]:offsets["a"] + kc * mr].reshape(kc, mr).astype(np.float64)
+        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
+        prod = a.T @ b
+        c, o = arrays["c"], offsets["c"]
+        for r in range(mr):
+            row = slice(o + r * ldc, o + r * ldc + nc)
+            base = c[row].astype(np.float64) if s["acc"] else 0.0
+            c[row] = (base + prod[r, :nc]).astype(c.dtype)
+
+    MICRO[name] = MicroKernel(
+        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
+               ("ncols", "int")),
+        f"c[r*ldc + j] (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}",
+        footprint, reference)
+    return name

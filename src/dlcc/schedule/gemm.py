@@ -1,0 +1,205 @@
+"""The schedule of a packed GEMM for one target: register tile, cache blocks, threads and workspace.
+
+What goes in: the product's sizes (M rows of A and C, N columns of B and C, K), a ``Target`` and the
+thread count. What comes out: a ``GemmPlan`` that the loop-IR lowering of MatMul/Gemm follows
+(``dlcc.codegen.templates.gemm``) and whose workspace the memory planner places before any C exists.
+
+Structure (BLIS, with MLAS's order of the two inner loops): B, a weight, is packed at compile time into
+micro-panels of ``nr`` columns (K x nr each, zero beyond the last column). Per thread, for each K block
+of ``kc``: the thread's rows of A are packed into its workspace (micro-panels of ``mr`` rows, k-major);
+then for each column block of ``nc`` (B's kc x nc block stays in L2), for each row micro-panel (kc x mr,
+in L1), for each column micro-panel: the mr x nr micro-kernel. The register tile: nr = 2 vectors on
+x86 (3 on 32-register NEON), mr = as many rows as the remaining registers hold (AVX-512 14 x 32,
+AVX2 6 x 16, NEON 8 x 12). kc keeps an A micro-panel in half of L1; nc keeps a B block in half of L2.
+Threads split the row micro-panels (each thread packs only its rows); with fewer row micro-panels than
+threads they split the column micro-panels instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlcc.lower.lir import (
+    Alloc,
+    Bin,
+    Buf,
+    Const,
+    Epilogue,
+    Expr,
+    For,
+    Func,
+    If,
+    Load,
+    Micro,
+    Ptr,
+    Stmt,
+    Store,
+    Var,
+    simplify,
+)
+from dlcc.lower.micro import gemm_micro
+from dlcc.schedule.target import Target
+
+__all__ = ["MIN_N", "GemmPlan", "gemm_func", "pack_b", "plan_gemm"]
+
+MIN_N = 8  # below this many columns a product is a set of dot products (the matmul template's other path)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    m: int
+    n: int
+    k: int
+    mr: int
+    nr: int
+    kc: int
+    nc: int  # column micro-panels per column block
+    tm: int  # threads over row micro-panels
+    tn: int  # threads over column micro-panels
+
+    @property
+    def lanes(self) -> int:
+        return self.nr // self.nvec
+
+    @property
+    def nvec(self) -> int:
+        return 3 if self.nr % 3 == 0 else 2
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-self.m // self.mr)
+
+    @property
+    def col_panels(self) -> int:
+        return -(-self.n // self.nr)
+
+    @property
+    def k_blocks(self) -> int:
+        return -(-self.k // self.kc)
+
+    @property
+    def threads(self) -> int:
+        return self.tm * self.tn
+
+    def rows_per_thread(self) -> int:
+        """Row micro-panels the busiest thread packs."""
+        return -(-self.row_blocks // self.tm)
+
+    @property
+    def workspace_floats(self) -> int:
+        """Per thread: its packed rows of A for one K block (each thread its own slice)."""
+        return self.rows_per_thread() * self.mr * self.kc
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * self.workspace_floats * self.threads
+
+
+def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmPlan:
+    lanes = target.lanes
+    nvec = 3 if target.arch == "aarch64" else 2
+    nr = nvec * lanes
+    mr = max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
+    mr = min(mr, max(1, m))
+    kc_max = max(64, (target.l1d_bytes // 2) // (4 * mr) // 16 * 16)
+    kc = -(-k // -(-k // kc_max))  # balanced blocks
+    panels = -(-n // nr)
+    nc_max = max(1, (target.l2_bytes // 2) // (4 * kc * nr))
+    nc = -(-panels // -(-panels // nc_max))
+    row_blocks = -(-m // mr)
+    tm = tn = 1
+    if threads > 1 and 2.0 * m * n * k >= 2e6:
+        if row_blocks >= threads:
+            tm = threads
+        else:
+            tn = min(threads, panels)
+    return GemmPlan(m, n, k, mr, nr, kc, nc, tm, tn)
+
+
+def flops(p: GemmPlan) -> float:
+    return 2.0 * p.m * p.n * p.k
+
+
+
+def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "gemm",
+              fresh: Callable[[str], str] = str) -> Func:
+    """The loop IR of ``C = A @ B`` following ``p`` (module docstring): ``a`` (M x K, any strides), ``bp``
+    (B packed: col_panels x K x nr), ``c`` (M x N, row stride N), ``ws`` (the declared workspace, threads x
+    workspace_floats). With ``epilogue``, every finished tile is handed to the fused epilogue while it is
+    in L1. ``fresh`` names the loop variables."""
+    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
+    t, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "pc", "jb", "ib", "jp", "kk", "r", "j"))
+    tv: Expr = t if T > 1 else Const(0)
+    if p.tm > 1:
+        rb0, rb1, cb0, cb1 = tv * MB // p.tm, (tv + 1) * MB // p.tm, Const(0), Const(NP)
+    elif p.tn > 1:
+        rb0, rb1, cb0, cb1 = Const(0), Const(MB), tv * NP // p.tn, (tv + 1) * NP // p.tn
+    else:
+        rb0, rb1, cb0, cb1 = Const(0), Const(MB), Const(0), Const(NP)
+    rb0, rb1, cb0, cb1 = (simplify(x) for x in (rb0, rb1, cb0, cb1))
+    k0 = pc * KC
+    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
+    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
+    panel = simplify(tv * p.workspace_floats + (ib - rb0) * (KC * MR))
+    pack = For(ib, rb0, rb1, (For(kk, Const(0), kcv, (
+        For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),)),))
+
+    def tile(mr: int) -> tuple[Stmt, ...]:
+        cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
+        call = Micro(gemm_micro(mr, NR), (kcv, Ptr(ws, (panel,)), Ptr(bp, (jp, k0, Const(0))),
+                                          Ptr(c, (ib * MR, jp * NR)), Const(N), acc, cols))
+        if not epilogue:
+            return (call,)
+        row = ib * MR + r
+        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
+        ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue((row, j), Load(c, (row, j))),),
+                                             "vectorized"),))
+        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
+
+    tail = M % MR
+    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    jfirst = cb0 + jb * p.nc
+    jlast = Bin("min", cb1, jfirst + p.nc)
+    nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
+    compute = For(jb, Const(0), nblocks, (For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),)),))
+    body: tuple[Stmt, ...] = (For(pc, Const(0), Const(NK), (pack, compute)),)
+    if T > 1:
+        body = (For(t, Const(0), Const(T), body, "parallel"),)
+    return Func(name, (a, bp, c), (Alloc(ws, body),), (ws,))
+
+
+def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
+    """B (K x N) as column micro-panels (ceil(N/nr) x K x nr), zero beyond column N."""
+    k, n = b.shape
+    panels = -(-n // nr)
+    out = np.zeros((panels, k, nr), dtype=np.float32)
+    for q in range(panels):
+        w = min(nr, n - q * nr)
+        out[q, :, :w] = b[:, q * nr:q * nr + w]
+    return out
+
+
+def gemm_dims(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], b_const: bool, attrs: dict) -> \
+        tuple[int, int, int] | None:
+    """(M, N, K) of a MatMul/Gemm the packed GEMM computes, or None when it takes the template's other
+    paths: B must be a 2-D weight with at least MIN_N columns; a MatMul's leading dims of A become rows."""
+    if not b_const or len(b_shape) != 2 or not a_shape:
+        return None
+    if op == "MatMul":
+        k, n = b_shape
+        m = int(np.prod(a_shape[:-1])) if len(a_shape) > 1 else 1
+    elif op == "Gemm":
+        if len(a_shape) != 2:
+            return None
+        m, k = (a_shape[1], a_shape[0]) if attrs.get("transA") else a_shape
+        n = b_shape[0] if attrs.get("transB") else b_shape[1]
+    else:
+        return None
+    if n < MIN_N or m < 1 or k < 1:
+        return None
+    return int(m), int(n), int(k)

@@ -1,0 +1,55 @@
+"""The schedule stage of the backend: per kernel, the choices that must be known before memory planning.
+
+What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What comes out: the same
+program where each template step that needs scratch (a packed GEMM's per-thread panels of A) owns a
+``temp`` buffer of that size (``Step.workspace``), written by its kernel; the memory planner then places
+it in the arena with everything else, and codegen hands it to the template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx_ir as ir
+
+from dlcc.lower.kir import Buffer, Program
+from dlcc.schedule.gemm import gemm_dims, plan_gemm
+from dlcc.schedule.target import Target
+
+__all__ = ["declare_workspace", "node_workspace_bytes"]
+
+
+def _shape(v: ir.Value) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.shape) if v.shape is not None else ()
+
+
+def _is_const(p: Program, v: ir.Value) -> bool:
+    if v in p.consts or v.const_value is not None:
+        return True
+    bid = p.value_buffer.get(v)
+    return bid is not None and p.buffers[bid].kind == "weight"
+
+
+def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
+    """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
+        return 0
+    a, b = node.inputs[0], node.inputs[1]
+    if a.shape is None or b.shape is None:
+        return 0
+    attrs = {k: v.value for k, v in node.attributes.items()}
+    dims = gemm_dims(node.op_type, _shape(a), _shape(b), is_const(b), attrs)
+    return plan_gemm(*dims, target, threads).workspace_bytes if dims else 0
+
+
+def declare_workspace(p: Program, target: Target, threads: int) -> None:
+    for k in p.kernels:
+        for step in k.steps:
+            if step.kind != "template" or step.anchor is None or step.workspace is not None:
+                continue
+            nbytes = node_workspace_bytes(step.anchor, lambda v: _is_const(p, v), target, threads)
+            if nbytes:
+                bid = max(p.buffers) + 1
+                p.buffers[bid] = Buffer(bid, "temp", "float32", (nbytes // 4,), "workspace")
+                step.workspace = bid
+                k.writes.append(bid)

@@ -1,0 +1,242 @@
+"""The loop-level kernel IR: verifier, interpreter, transformations, the C printer and the GEMM micro-kernels
+(C body against the contract's numpy reference)."""
+
+import ctypes
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlcc.build.cc import compile_files, compiler, flags_for
+from dlcc.codegen.cbase import vector_helpers
+from dlcc.codegen.lir_c import print_c
+from dlcc.codegen.ukernels import micro_c
+from dlcc.errors import PassError
+from dlcc.lower.lir import (
+    MICRO,
+    Alloc,
+    Bcast,
+    Buf,
+    Const,
+    For,
+    Func,
+    Layout,
+    Load,
+    Micro,
+    Ptr,
+    Store,
+    Var,
+    mark,
+    print_func,
+    run_func,
+    split,
+    verify_func,
+)
+from dlcc.lower.micro import gemm_micro
+from dlcc.schedule.gemm import gemm_func, pack_b, plan_gemm
+from dlcc.schedule.target import get_target
+from dlcc.testing.harness import runnable_targets
+
+# small caches, so that small products still have several K blocks, column blocks and row panels
+TINY = dataclasses.replace(get_target("x86-64-v4"), l1d_bytes=2048, l2_bytes=16384)
+
+
+def _gemm(m, n, k, threads, *, tm=None, tn=None, epilogue=True, target=TINY):
+    p = plan_gemm(m, n, k, target, threads)
+    if tm or tn:
+        p = dataclasses.replace(p, tm=tm or 1, tn=tn or 1)
+    a = Buf("a", "float32", Layout.strided((m, k)))
+    bp = Buf("bp", "float32", Layout.strided((p.col_panels, k, p.nr)))
+    c = Buf("c", "float32", Layout.strided((m, n)))
+    ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
+    return p, gemm_func(p, a, bp, c, ws, epilogue)
+
+
+@pytest.mark.parametrize("m,n,k,tm,tn", [(30, 40, 50, 1, 1), (30, 40, 50, 2, 1), (3, 70, 20, 1, 2),
+                                         (29, 64, 33, 1, 1), (1, 8, 1, 1, 1), (45, 100, 130, 3, 1)])
+def test_gemm_loop_ir_matches_numpy(m, n, k, tm, tn):
+    p, f = _gemm(m, n, k, tm * tn, tm=tm, tn=tn)
+    assert p.k_blocks > 1 or k < 64
+    verify_func(f)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full(m * n, np.nan, np.float32)
+    seen = []
+    run_func(f, {"a": a.ravel().copy(), "bp": pack_b(b, p.nr).ravel(), "c": c}, lambda i, v: seen.append(i))
+    np.testing.assert_allclose(c.reshape(m, n), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+    assert sorted(seen) == [(i, j) for i in range(m) for j in range(n)]  # each element once, after its last K block
+
+
+def test_print_func_lists_loops_kinds_and_workspace():
+    _, f = _gemm(30, 40, 50, 2, tm=2)
+    text = print_func(f)
+    assert "parallel for t in [0, 2):" in text
+    assert "workspace ws: float32" in text and "micro gemm_14x32(" in text and "epilogue[" in text
+
+
+def _vec_func(n=37, lanes=8):
+    """y = x * 2 + 1 over n elements: vectors of ``lanes`` through a register tile, a scalar tail."""
+    x = Buf("x", "float32", Layout.strided((n,)))
+    y = Buf("y", "float32", Layout.strided((n,)))
+    reg = Buf("r", "float32", Layout.strided((2 * lanes,)), "register", vector=lanes)
+    i, u, t = Var("i"), Var("u"), Var("t")
+    full = n // (2 * lanes)
+    body = (
+        For(i, Const(0), Const(full), (Alloc(reg, (
+            For(u, Const(0), Const(2), (Store(reg, (u * lanes,), Load(x, (i * (2 * lanes) + u * lanes,), lanes)
+                                              * Bcast(Const(2.0, "float32"), lanes), lanes),), "unrolled"),
+            For(u, Const(0), Const(2), (Store(y, (i * (2 * lanes) + u * lanes,),
+                                              Load(reg, (u * lanes,), lanes) + Const(1.0, "float32"), lanes),),
+                "unrolled"),)),)),
+        For(t, Const(full * 2 * lanes), Const(n),
+            (Store(y, (t,), x[t] * Const(2.0, "float32") + Const(1.0, "float32")),)),
+    )
+    return Func("affine", (x, y), body)
+
+
+def _build(src: str, tmp: str, target) -> ctypes.CDLL:
+    c = Path(tmp, "k.c")
+    c.write_text(src)
+    so = Path(tmp, "k.so")
+    compile_files(compiler(), flags_for(target), [c], so, Path(tmp))
+    return ctypes.CDLL(str(so))
+
+
+PRELUDE = "#include <stdint.h>\n#include <string.h>\n"
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_c_printer_matches_interpreter(target):
+    t = get_target(target)
+    f = _vec_func(37, t.lanes)
+    verify_func(f)
+    x = np.random.default_rng(1).standard_normal(37).astype(np.float32)
+    want = np.zeros(37, np.float32)
+    run_func(f, {"x": x.copy(), "y": want})
+    np.testing.assert_allclose(want, x * 2 + 1, rtol=1e-6)
+    body, micro = print_c(f, {"x": "x", "y": "y"}, lanes=t.lanes)
+    assert not micro
+    src = (PRELUDE + vector_helpers(t.lanes) + "\nvoid k(const float* restrict x, float* restrict y) {\n"
+           + body + "\n}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        got = np.zeros(37, np.float32)
+        lib.k(x.ctypes.data_as(ctypes.c_void_p), got.ctypes.data_as(ctypes.c_void_p))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_gemm_micro_kernels_match_their_contract(target):
+    t = get_target(target)
+    p = plan_gemm(64, 64, 64, t, 1)
+    rng = np.random.default_rng(2)
+    cases = [(p.mr, p.nr, 37, 1, p.nr), (p.mr, p.nr, 5, 0, p.nr - 3), (1, p.nr, 9, 1, 1), (3, p.nr, 1, 0, p.nr)]
+    names = sorted({gemm_micro(mr, nr) for mr, nr, *_ in cases})
+    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names)
+    for n in names:  # exported wrappers (the micro-kernels are static)
+        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for mr, nr, kc, acc, ncols in cases:
+            name = gemm_micro(mr, nr)
+            a = rng.standard_normal(kc * mr).astype(np.float32)
+            b = rng.standard_normal(kc * nr).astype(np.float32)
+            ldc = nr + 5
+            c0 = rng.standard_normal(mr * ldc).astype(np.float32)
+            want = c0.copy()
+            MICRO[name].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
+                                  {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
+            got = c0.copy()
+            fn = getattr(lib, f"w_{name}")
+            ptr = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+            fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
+            untouched[:, :ncols] = False
+            assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
+
+
+def test_split_and_mark_keep_the_result():
+    x = Buf("x", "float32", Layout.strided((23,)))
+    y = Buf("y", "float32", Layout.strided((23,)))
+    i = Var("i")
+    f = Func("scale", (x, y), (For(i, Const(0), Const(23), (Store(y, (i,), x[i] * Const(3.0, "float32")),)),))
+    g = mark(split(f, "i", 8), "i_o", "parallel")
+    verify_func(g)
+    assert "parallel for i_o in [0, 3):" in print_func(g)
+    xs = np.arange(23, dtype=np.float32)
+    out = np.zeros(23, np.float32)
+    run_func(g, {"x": xs, "y": out})
+    np.testing.assert_array_equal(out, xs * 3)
+
+
+def _one(body, params=None, workspace=()):
+    x = Buf("x", "float32", Layout.strided((8,)))
+    return Func("bad", params or (x,), body, workspace)
+
+
+def test_verifier_rejects_broken_kernels():
+    x = Buf("x", "float32", Layout.strided((8,)))
+    i, t = Var("i"), Var("t")
+    # out of bounds
+    with pytest.raises(PassError, match="outside"):
+        verify_func(_one((For(i, Const(0), Const(9), (Store(x, (i,), Const(0.0, "float32")),)),), (x,)))
+    # a vector access running past the end
+    with pytest.raises(PassError, match="outside"):
+        verify_func(_one((For(i, Const(0), Const(2), (Store(x, (i * 4 + 1,), Bcast(Const(0.0, "float32"), 4), 4),)),),
+                         (x,)))
+    # an unbound variable
+    with pytest.raises(PassError, match="not bound"):
+        verify_func(_one((Store(x, (i,), Const(0.0, "float32")),), (x,)))
+    # a stored value of another dtype
+    with pytest.raises(PassError, match="int64 into float32"):
+        verify_func(_one((Store(x, (Const(0),), Const(1)),), (x,)))
+    # parallel iterations writing the same element
+    with pytest.raises(PassError, match="same elements"):
+        verify_func(_one((For(t, Const(0), Const(2), (Store(x, (Const(3),), Const(0.0, "float32")),), "parallel"),),
+                         (x,)))
+    # workspace allocated but not declared
+    ws = Buf("ws", "float32", Layout.strided((4,)), "workspace")
+    with pytest.raises(PassError, match="not declared"):
+        verify_func(_one((Alloc(ws, (Store(ws, (Const(0),), Const(0.0, "float32")),)),), (x,)))
+    verify_func(_one((Alloc(ws, (Store(ws, (Const(0),), Const(0.0, "float32")),)),), (x,), (ws,)))
+    # a buffer nobody declared
+    z = Buf("z", "float32", Layout.strided((4,)))
+    with pytest.raises(PassError, match="not a parameter"):
+        verify_func(_one((Store(z, (Const(0),), Const(0.0, "float32")),), (x,)))
+    # a micro-kernel whose footprint leaves its buffer
+    name = gemm_micro(2, 4)
+    c = Buf("c", "float32", Layout.strided((2, 4)))
+    with pytest.raises(PassError, match="reaches element"):
+        verify_func(Func("m", (x, c), (Micro(name, (Const(3), Ptr(x, (Const(0),)), Ptr(x, (Const(0),)),
+                                                    Ptr(c, (Const(0), Const(0))), Const(4), Const(0), Const(4))),)))
+
+
+def test_verifier_accepts_disjoint_column_split():
+    """Threads over column panels write interleaved address ranges: disjoint as boxes of indices."""
+    _, f = _gemm(3, 70, 20, 2, tm=1, tn=2)
+    verify_func(f)
+
+
+def test_blocked_layout_addresses():
+    lay = Layout.blocked((1, 20, 3, 3), 1, 8)  # NCHW8c, 3 channel blocks (the last one padded)
+    assert lay.span == 3 * 3 * 3 * 8
+    addr = lay.address([Const(0), Const(11), Const(2), Const(1)])
+    from dlcc.lower.lir import interval
+    assert interval(addr, {}) == ((1 * 3 * 3 + 2 * 3 + 1) * 8 + 3,) * 2
+    assert not lay.vector_ok(4)  # W has stride 8 there: no vector along the last logical axis
+    assert Layout.strided((2, 16)).vector_ok(16) and not Layout.strided((2, 16), (16, 2)).vector_ok(4)
+
+
+def test_gemm_plans_for_each_target():
+    for name, tile in (("x86-64-v4", (14, 32)), ("x86-64-v3", (6, 16)), ("aarch64", (9, 12)), ("generic", (6, 8))):
+        p = plan_gemm(128, 768, 768, get_target(name), 1)
+        assert (p.mr, p.nr) == tile, name
+        assert p.mr * p.kc * 4 <= get_target(name).l1d_bytes // 2 + 64 * p.mr
+    assert os.cpu_count()
