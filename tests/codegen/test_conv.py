@@ -135,9 +135,9 @@ def test_epilogue_store(monkeypatch):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target, **kw):
         return real(node, operands, shape, dtype, lambda idx, v: store(idx, f"fmaxf({v}, 0.0f)"), scratch,
-                    False, names, pack, target)
+                    False, names, pack, target, **kw)
 
     monkeypatch.setattr(templates, "TemplateCall", fake)
     for op, xs, ws, attrs in [("Conv", (1, 3, 7, 6), (6, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -164,10 +164,11 @@ def test_strided_input(monkeypatch, op, ws, attrs):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target, **kw):
         big = operands[0].ref
         view = TensorRef(big.ptr, big.dtype, (*big.shape[:3], big.shape[3] // 2), (*big.strides[:3], 2), 1)
-        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack, target)
+        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack, target,
+                    **kw)
 
     xs = (1, 3, 7, 9)
     m, feeds = _model(op, xs, ws, True, attrs, True)

@@ -105,9 +105,9 @@ def test_epilogue_store(monkeypatch):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target, **kw):
         return real(node, operands, shape, dtype, lambda idx, v: store(idx, f"fmaxf({v}, 0.0f)"), scratch,
-                    False, names, pack, target)
+                    False, names, pack, target, **kw)
 
     monkeypatch.setattr(templates, "TemplateCall", fake)
     x = np.random.default_rng(1).standard_normal((1, 3, 7, 6), dtype=np.float32)
@@ -146,10 +146,11 @@ def test_strided_input(monkeypatch, op, attrs):
 
     real = templates.TemplateCall
 
-    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target):
+    def fake(node, operands, shape, dtype, store, scratch, direct, names, pack, target, **kw):
         big = operands[0].ref
         view = TensorRef(big.ptr, big.dtype, (*big.shape[:3], big.shape[3] // 2), (*big.strides[:3], 2), 1)
-        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack, target)
+        return real(node, [Operand.of(view), *operands[1:]], shape, dtype, store, scratch, direct, names, pack, target,
+                    **kw)
 
     x = np.random.default_rng(5).standard_normal((1, 3, 7, 9), dtype=np.float32)
     ref = _ort(_model(op, x.shape, attrs), {"x": x})

@@ -36,7 +36,7 @@ from dlcc.lower.lir import (
     verify_func,
 )
 from dlcc.lower.micro import gemm_micro
-from dlcc.schedule.gemm import gemm_func, pack_b, plan_gemm
+from dlcc.schedule.gemm import gemm_func, gemm_func_wconst, pack_a, pack_b, plan_gemm, plan_gemm_wconst
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import runnable_targets
 
@@ -240,3 +240,24 @@ def test_gemm_plans_for_each_target():
         assert (p.mr, p.nr) == tile, name
         assert p.mr * p.kc * 4 <= get_target(name).l1d_bytes // 2 + 64 * p.mr
     assert os.cpu_count()
+
+
+@pytest.mark.parametrize("m,n,k,batch,tm,tn", [(30, 40, 50, 1, 1, 1), (30, 140, 150, 2, 1, 2), (3, 70, 20, 1, 1, 2),
+                                               (29, 64, 33, 2, 1, 1), (40, 20, 16, 1, 2, 1)])
+def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn):
+    """The 1x1-convolution form: A a weight packed at compile time, each B packed per block at run time."""
+    p = dataclasses.replace(plan_gemm_wconst(m, n, k, batch, TINY, 1), tm=tm, tn=tn)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    x = rng.standard_normal((batch, k, n)).astype(np.float32)
+    ap = Buf("ap", "float32", Layout.strided((m * k,)))
+    xb = Buf("x", "float32", Layout.strided((batch, k, n)))
+    cb = Buf("c", "float32", Layout.strided((batch, m, n)))
+    ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
+    f = gemm_func_wconst(p, ap, xb, cb, ws, True)
+    verify_func(f)
+    c = np.full(batch * m * n, np.nan, np.float32)
+    seen = []
+    run_func(f, {"ap": pack_a(a, p.mr), "x": x.ravel().copy(), "c": c}, lambda i, v: seen.append(i))
+    np.testing.assert_allclose(c.reshape(batch, m, n), a.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == batch * m * n

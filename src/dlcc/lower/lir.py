@@ -479,7 +479,7 @@ def _vars(e: Expr, out: set[str]) -> None:
 
 
 def _controlling(body: Sequence[Stmt], out: set[str]) -> set[str]:
-    """Variables that appear in some loop's bounds or micro-kernel scalar argument."""
+    """Variables that appear in some loop's bounds, branch condition or micro-kernel scalar argument."""
     for s in body:
         if isinstance(s, Micro):
             for a in s.args:
@@ -490,6 +490,7 @@ def _controlling(body: Sequence[Stmt], out: set[str]) -> set[str]:
             _vars(s.stop, out)
             _controlling(s.body, out)
         elif isinstance(s, If):
+            _vars(s.cond, out)
             _controlling(s.then, out)
             _controlling(s.else_, out)
         elif isinstance(s, Alloc):
@@ -648,11 +649,16 @@ class _Verifier:
                 self.fail_bounds(f"micro-kernel {s.name}: {pname} reaches element {last} of {a.buf.name} "
                                  f"(span {a.buf.layout.span})")
             if kind == "out" and self.writes:
-                box = None  # rows x cols of a plain 2-D buffer whose row stride is the kernel's
-                if a.buf.layout == Layout.strided(a.buf.shape, None if len(a.buf.shape) != 2 else
-                                                  (row_stride, 1)) and len(a.buf.shape) == 2:
-                    (r0, r1), (c0, c1) = (interval(i, env) for i in a.index)
-                    box = [(r0, r1 + rows - 1), (c0, c1 + cols - 1)]
+                box = None  # rows x cols on the last two axes of a buffer whose row stride is the kernel's
+                lay = a.buf.layout
+                if (len(a.buf.shape) >= 2 and lay.dims[-1][1:] == (1, a.buf.shape[-1], 1)
+                        and lay.dims[-2][1:] == (1, a.buf.shape[-2], row_stride)
+                        and [d[0] for d in lay.dims] == list(range(len(a.buf.shape)))):
+                    box = [interval(i, env) for i in a.index]
+                    box[-2] = (box[-2][0], box[-2][1] + rows - 1)
+                    box[-1] = (box[-1][0], box[-1][1] + cols - 1)
+                    if box[-1][1] >= a.buf.shape[-1] or box[-2][1] >= a.buf.shape[-2]:
+                        box = None
                 for w in self.writes:
                     w.add(a.buf.name, lo, last, box)
 

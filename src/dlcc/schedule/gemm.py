@@ -43,7 +43,7 @@ from dlcc.lower.lir import (
 from dlcc.lower.micro import gemm_micro
 from dlcc.schedule.target import Target
 
-__all__ = ["MIN_N", "GemmPlan", "gemm_func", "pack_b", "plan_gemm"]
+__all__ = ["MIN_N", "GemmPlan", "gemm_func", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm", "plan_gemm_wconst"]
 
 MIN_N = 8  # below this many columns a product is a set of dot products (the matmul template's other path)
 
@@ -59,6 +59,8 @@ class GemmPlan:
     nc: int  # column micro-panels per column block
     tm: int  # threads over row micro-panels
     tn: int  # threads over column micro-panels
+    pack: str = "a"  # the operand packed at run time into workspace: "a" (B is a weight), "b" (A is a weight)
+    batch: int = 1  # "b": products with the same A, one after the other (a convolution's images)
 
     @property
     def lanes(self) -> int:
@@ -90,7 +92,10 @@ class GemmPlan:
 
     @property
     def workspace_floats(self) -> int:
-        """Per thread: its packed rows of A for one K block (each thread its own slice)."""
+        """Per thread (each its own slice): "a": its packed rows of A for one K block; "b": one kc x nc-panel
+        block of B."""
+        if self.pack == "b":
+            return self.kc * self.nc * self.nr
         return self.rows_per_thread() * self.mr * self.kc
 
     @property
@@ -122,6 +127,78 @@ def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmP
 def flops(p: GemmPlan) -> float:
     return 2.0 * p.m * p.n * p.k
 
+
+
+def plan_gemm_wconst(m: int, n: int, k: int, batch: int, target: Target, threads: int = 1) -> GemmPlan:
+    """The plan of ``C[b] = A @ B[b]`` with A a weight (packed at compile time) and each B packed at run
+    time, one kc x nc block at a time: a 1x1 convolution (A = W: Co x Ci, B = X: Ci x pixels)."""
+    p = plan_gemm(m, n, k, target, 1)
+    tm = tn = 1
+    if threads > 1 and 2.0 * m * n * k * batch >= 2e6:
+        if p.col_panels >= 2 * threads or p.row_blocks < threads:
+            tn = min(threads, p.col_panels)
+        else:
+            tm = threads
+    return GemmPlan(m, n, k, p.mr, p.nr, p.kc, p.nc, tm, tn, "b", batch)
+
+
+def pack_a(a: np.ndarray, mr: int) -> np.ndarray:
+    """A (M x K) as row micro-panels, each k-major (K x rows, rows = mr except the last): M*K floats."""
+    m = a.shape[0]
+    return np.concatenate([np.ascontiguousarray(a[i:i + mr].T).reshape(-1) for i in range(0, m, mr)]
+                          ).astype(np.float32)
+
+
+def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "gemm_wconst",
+                     fresh: Callable[[str], str] = str) -> Func:
+    """The loop IR of ``c[b] = A @ x[b]`` for b < p.batch following a "b" plan: ``ap`` is A packed by
+    ``pack_a`` (1-D), ``x`` (batch x K x N) and ``c`` (batch x M x N) any strides with unit column stride in
+    ``c``; per thread, per K block and column block, that block of x is packed into the thread's slice of
+    ``ws`` (k-major micro-panels of nr columns), then every row micro-panel of A runs against it."""
+    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
+    t, b, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "jb", "ib", "jp", "kk", "r", "j"))
+    tv: Expr = t if T > 1 else Const(0)
+    if p.tm > 1:
+        rb0, rb1, cb0, cb1 = tv * MB // p.tm, (tv + 1) * MB // p.tm, Const(0), Const(NP)
+    elif p.tn > 1:
+        rb0, rb1, cb0, cb1 = Const(0), Const(MB), tv * NP // p.tn, (tv + 1) * NP // p.tn
+    else:
+        rb0, rb1, cb0, cb1 = Const(0), Const(MB), Const(0), Const(NP)
+    rb0, rb1, cb0, cb1 = (simplify(e) for e in (rb0, rb1, cb0, cb1))
+    k0 = pc * KC
+    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
+    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
+    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+    jfirst = cb0 + jb * p.nc
+    jlast = Bin("min", cb1, jfirst + p.nc)
+    panel = simplify(tv * p.workspace_floats + (jp - jfirst) * (KC * NR))
+    pack = For(jp, jfirst, jlast, (For(kk, Const(0), kcv, (
+        For(j, Const(0), cols, (Store(ws, (panel + kk * NR + j,), Load(x, (b, k0 + kk, jp * NR + j))),),
+            "vectorized"),)),))
+    a_panel = simplify(ib * (K * MR) + k0 * rows)
+
+    def tile(mr: int) -> tuple[Stmt, ...]:
+        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
+        call = Micro(gemm_micro(mr, NR), (kcv, Ptr(ap, (a_panel,)), Ptr(ws, (panel,)), Ptr(c, (b, ib * MR, jp * NR)),
+                                          Const(c.layout.dims[1][3]), acc, cols))
+        if not epilogue:
+            return (call,)
+        row = ib * MR + r
+        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
+        ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue((b, row, j), Load(c, (b, row, j))),),
+                                             "vectorized"),))
+        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
+
+    tail = M % MR
+    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
+    compute = For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),))
+    body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (
+        For(pc, Const(0), Const(NK), (For(jb, Const(0), nblocks, (pack, compute)),)),)),)
+    if T > 1:
+        body = (For(t, Const(0), Const(T), body, "parallel"),)
+    return Func(name, (ap, x, c), (Alloc(ws, body),), (ws,))
 
 
 def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "gemm",

@@ -2,7 +2,8 @@
 
 What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What comes out: the same
 program where each template step that needs scratch (a packed GEMM's per-thread panels of A) owns a
-``temp`` buffer of that size (``Step.workspace``), written by its kernel; the memory planner then places
+``temp`` buffer of that size (``Step.workspace``; packed GEMMs: MatMul/Gemm with a weight B, 1x1
+convolutions), written by its kernel; the memory planner then places
 it in the arena with everything else, and codegen hands it to the template.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from dlcc.lower.kir import Buffer, Program
-from dlcc.schedule.gemm import gemm_dims, plan_gemm
+from dlcc.schedule.gemm import gemm_dims, plan_gemm, plan_gemm_wconst
 from dlcc.schedule.target import Target
 
 __all__ = ["declare_workspace", "node_workspace_bytes"]
@@ -30,8 +31,32 @@ def _is_const(p: Program, v: ir.Value) -> bool:
     return bid is not None and p.buffers[bid].kind == "weight"
 
 
+def _pointwise_conv_dims(node: ir.Node, is_const: Callable[[ir.Value], bool]) -> tuple[int, int, int, int] | None:
+    """(Co, pixels, Ci, images) of a 1x1, stride-1, unpadded, ungrouped Conv with a weight W."""
+    x, w = node.inputs[0], node.inputs[1]
+    if x is None or w is None or x.shape is None or w.shape is None or not is_const(w):
+        return None
+    xs, ws = _shape(x), _shape(w)
+    attrs = {k: v.value for k, v in node.attributes.items()}
+    r = len(xs) - 2
+    if r < 1 or len(ws) != len(xs) or any(d != 1 for d in ws[2:]) or int(attrs.get("group", 1)) != 1:
+        return None
+    if any(int(s) != 1 for s in attrs.get("strides", [1] * r)) or any(int(p) for p in attrs.get("pads", [0] * 2 * r)):
+        return None
+    pixels = 1
+    for d in xs[2:]:
+        pixels *= d
+    return ws[0], pixels, xs[1], xs[0]
+
+
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
+    if node.op_type == "Conv" and len(node.inputs) >= 2:
+        dims = _pointwise_conv_dims(node, is_const)
+        if dims is None or min(dims) < 1:
+            return 0
+        m, n, k, batch = dims
+        return plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
         return 0
     a, b = node.inputs[0], node.inputs[1]

@@ -24,15 +24,20 @@ Sums run in a different order than onnxruntime: tests compare with rtol 1e-4 (DE
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent, loops
+from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
+from dlcc.lower.lir import Buf, Layout, verify_func
+from dlcc.schedule.gemm import GemmPlan, gemm_func_wconst, pack_a, plan_gemm_wconst
 
 # im2col is used for short rows (or a strided last dim) when a chunk of input channels gives at least this
 # reduction length (measured: shorter chunks lose to the direct path's register tiles)
@@ -166,8 +171,13 @@ def conv(call: TemplateCall) -> str:
     for i, o, k, s, d, a, e in zip(ins, outs, ks, strides, dils, pb, pe, strict=True):
         if (i + a + e - ((k - 1) * d + 1)) // s + 1 != o:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
-    if (all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
-            and _flat_ok(xref, 2) and r > 1):
+    pointwise = all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
+    if (pointwise and group == 1 and w.const is not None and call.workspace is not None and _flat_ok(xref, 2)
+            and call.scratch.contiguous):
+        packed = _pointwise_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, outs)
+        if packed is not None:
+            return packed
+    if pointwise and _flat_ok(xref, 2) and r > 1:
         # a 1x1 conv is a GEMM: view the spatial dims as one row of length P
         P = math.prod(ins)
         flat = TensorRef(xref.ptr, xref.dtype, (N, C, P), (*xref.strides[:2], 1), xref.offset)
@@ -197,6 +207,57 @@ def conv(call: TemplateCall) -> str:
     phase = Phase(outs_k[-1], 0, 1, strides[-1],
                   [(k, k * dils[-1] - pb[-1]) for k in range(ks2[-1])])
     return _direct(call, xref, wconv, wexpr, bref, group, Cg, M // group, ks2, outer, [phase], out_sp)
+
+
+def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
+                      outs: list[int]) -> str | None:
+    """A 1x1 stride-1 convolution as the packed GEMM of the loop IR (``schedule.gemm``, "b" plan): per
+    image, Y (Co x pixels) = W (Co x Ci, packed at compile time) @ X (Ci x pixels, packed per block into
+    the workspace); bias in the epilogue."""
+    N, C = xref.shape[:2]
+    M, P = w2.shape[0], math.prod(outs)
+    ws, c = call.workspace, call.scratch
+    plan = plan_gemm_wconst(M, P, C, N, call.target, call.threads)
+    if plan.workspace_bytes > 4 * ws.size:
+        return None
+    names = call.names
+    apk = call.packed(pack_a(w2, plan.mr))
+    ap = Buf(apk.ptr, "float32", Layout.strided((M * C,)))
+    xs = (xref.strides[0], xref.strides[1], 1)
+    x = Buf(xref.ptr, "float32", Layout.strided((N, C, P), xs, xref.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, M, P), (M * P, P, 1), c.offset))
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    trivial = call.direct and bref is None
+    f = gemm_func_wconst(plan, ap, x, cb, wsb, not trivial, fresh=names)
+    _verify_wconst_once(plan, xs, not trivial, ws.size)
+
+    def store(idx, v):
+        n, co, p = idx
+        val = f"{v} + {bref.at([co])}" if bref is not None else v
+        # the pixel's (h, w) from its flat index; an address h*W + w of a contiguous operand is that index
+        # again, which C compilers do not see (and then do not vectorize the epilogue): fold it back
+        return _FLAT_AGAIN.sub(r"\1", call.store([n, co, *_unflat(p, outs)], val))
+
+    text, micro = print_c(f, {apk.ptr: apk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
+                          call.target.lanes)
+    call.micro.update(micro)
+    return text
+
+
+_FLAT_AGAIN = re.compile(r"\(\((\w+)\) / (\d+)\)\*\2 \+ \(\(\1\) % \2\)")
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_wconst_once(plan: GemmPlan, x_strides: tuple[int, int, int], epilogue: bool, ws_floats: int) -> None:
+    """verify_func on the loop IR of ``plan`` (the same for every convolution with this plan and strides)."""
+    ap = Buf("a", "float32", Layout.strided((plan.m * plan.k,)))
+    span = (plan.batch - 1) * x_strides[0] + (plan.k - 1) * x_strides[1] + plan.n
+    x = Buf("x", "float32", Layout.strided((plan.batch, plan.k, plan.n), x_strides))
+    if x.layout.span > span:
+        raise TemplateError("internal: the input's channels overlap")
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.m, plan.n)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(gemm_func_wconst(plan, ap, x, c, ws, epilogue))
 
 
 @dataclass
