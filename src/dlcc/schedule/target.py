@@ -51,8 +51,8 @@ class Target:
     @property
     def conv_oc_block(self) -> int:
         """Output channels a direct convolution tile accumulates (2 vectors each, inputs and weights in
-        the remaining registers): 6 on 16 or more registers."""
-        return max(2, min(6, (self.vector_registers - 4) // 2))
+        the remaining registers): 14 on 32 registers (28 accumulators, as a GEMM tile), 6 on 16."""
+        return max(2, min(14, (self.vector_registers - 4) // 2))
 
     @property
     def gemm_rows(self) -> int:
