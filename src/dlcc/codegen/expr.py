@@ -27,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dlcc.codegen.cbase import CTYPES, Names, TemplateError, TensorRef, c_float, c_helper, c_literal, ctype
+from dlcc.codegen.vmath import C_TEXT as VMATH_C
 from dlcc.errors import DlccError
 
 __all__ = ["ELEMENTWISE", "INDEXED", "ExprGen", "broadcast_index", "value_dtype", "value_shape"]
@@ -156,13 +157,15 @@ def _unary(op: str, fmt: str) -> None:
 
 
 for _op, _fmt in {
-    "Sigmoid": "dlcc_sigmoid({x})",
-    "Tanh": "(float)tanh((double)({x}))",  # glibc tanhf is up to 2 ulp off near 0 (flips x <= tanh(x))
-    "Exp": "expf({x})",
-    "Log": "logf({x})",
+    # codegen/vmath.py: vectorizable, within 2 ulp (libm calls keep the loop scalar). Its tanh keeps
+    # |tanh(x)| <= |x| near 0, which glibc tanhf breaks (1 ulp off: flips x <= tanh(x)).
+    "Sigmoid": "dlcc_sigmoidf({x})",
+    "Tanh": "dlcc_tanhf({x})",
+    "Exp": "dlcc_expf({x})",
+    "Log": "dlcc_logf({x})",
     "Sqrt": "sqrtf({x})",
     "Reciprocal": "(1.0f / ({x}))",
-    "Erf": "erff({x})",
+    "Erf": "dlcc_erff({x})",
     "Floor": "floorf({x})",
     "Ceil": "ceilf({x})",
     "Round": "nearbyintf({x})",
@@ -349,7 +352,8 @@ def _batchnorm(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmt
 
 INDEXED["BatchNormalization"] = _batchnorm
 
-# The C helpers the expressions above call; emitted once at the top of every generated file.
+# The C helpers the expressions above call; emitted once at the top of every generated file, after the
+# vectorizable math of codegen/vmath.py (dlcc_expf, dlcc_erff, ...) they and the templates call.
 _HELPERS = r"""
 static inline float dlcc_max(float a, float b) { return (a > b || a != a) ? a : b; }  /* NaN propagates */
 static inline float dlcc_min(float a, float b) { return (a < b || a != a) ? a : b; }
@@ -359,23 +363,20 @@ static inline int64_t dlcc_abs_i(int64_t a) { return a < 0 ? -a : a; }
 static inline float dlcc_relu(float x) { return x < 0.0f ? 0.0f : x; }  /* NaN propagates */
 static inline float dlcc_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
 static inline float dlcc_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
-static inline float dlcc_sigmoid(float x) {
-    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+static inline float dlcc_softplus(float x) {  /* max(x, 0) + log1p(exp(-|x|)); NaN propagates */
+    return (x > 0.0f ? x : 0.0f) + dlcc_log1pf(dlcc_expf(-fabsf(x)));
 }
-static inline float dlcc_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-static inline float dlcc_mish(float x) { return x * tanhf(dlcc_softplus(x)); }
+static inline float dlcc_mish(float x) { return x * dlcc_tanhf(dlcc_softplus(x)); }
 static inline float dlcc_hardsigmoid(float x, float a, float b) {
     float y = a * x + b; return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
 }
 static inline float dlcc_hardswish(float x) { return x * dlcc_hardsigmoid(x, 1.0f / 6.0f, 0.5f); }
-static inline float dlcc_elu(float x, float a) { return x >= 0.0f ? x : a * (expf(x) - 1.0f); }
-static inline float dlcc_celu(float x, float a) {
-    return x < 0.0f ? a * (expf(x / a) - 1.0f) : x;
-}
-static inline float dlcc_selu(float x, float a, float g) { return x > 0.0f ? g * x : g * (a * expf(x) - a); }
-static inline float dlcc_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+static inline float dlcc_elu(float x, float a) { return x >= 0.0f ? x : a * dlcc_expm1f(x); }
+static inline float dlcc_celu(float x, float a) { return x < 0.0f ? a * dlcc_expm1f(x / a) : x; }
+static inline float dlcc_selu(float x, float a, float g) { return x > 0.0f ? g * x : g * (a * dlcc_expm1f(x)); }
+static inline float dlcc_gelu(float x) { return 0.5f * x * (1.0f + dlcc_erff(x * 0.70710678118654752f)); }
 static inline float dlcc_gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.0f + dlcc_tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 static inline float dlcc_pow(float a, float b) {
     if (b == 2.0f) return a * a;
@@ -419,6 +420,6 @@ static inline int8_t dlcc_f2i_int8_t(float x) { return (int8_t)dlcc_f2i_int32_t(
 static inline uint8_t dlcc_f2i_uint8_t(float x) { return (uint8_t)dlcc_f2i_int32_t(x); }
 """
 
-c_helper("expr", _HELPERS)
+c_helper("expr", VMATH_C + _HELPERS)
 
 del math

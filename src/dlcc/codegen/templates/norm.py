@@ -61,14 +61,14 @@ def softmax(call: TemplateCall) -> str:
     axes = list(range(_axis(call, r, 1), r)) if old else [_axis(call, r, -1)]
     m = Pass("m", "(-INFINITY)", _max, _max)
     if call.node.op_type == "Softmax":
-        s = Pass("s", "0.0f", lambda a, v, g: f"{a} + {v}", _plus, transform=lambda v, g: f"expf({v} - {g('m')})",
+        s = Pass("s", "0.0f", lambda a, v, g: f"{a} + {v}", _plus, transform=lambda v, g: f"dlcc_expf({v} - {g('m')})",
                  after=lambda a, g: f"1.0f / {a}")
 
         def fin(xe, g, cached, idx):
-            return f"{xe} * {g('s')}" if cached else f"expf({xe} - {g('m')}) * {g('s')}"
+            return f"{xe} * {g('s')}" if cached else f"dlcc_expf({xe} - {g('m')}) * {g('s')}"
     else:
-        s = Pass("s", "0.0f", lambda a, v, g: f"{a} + expf({v} - {g('m')})", _plus,
-                 after=lambda a, g: f"logf({a}) + {g('m')}")
+        s = Pass("s", "0.0f", lambda a, v, g: f"{a} + dlcc_expf({v} - {g('m')})", _plus,
+                 after=lambda a, g: f"dlcc_logf({a}) + {g('m')}")
 
         def fin(xe, g, cached, idx):
             return f"{xe} - {g('s')}"

@@ -242,7 +242,7 @@ _FLOAT_OPS = {
     "ReduceL1": ("0.0f", lambda a, v, g: f"{a} + fabsf({v})", _plus, "fabsf({})", "{}"),
     "ReduceL2": ("0.0f", lambda a, v, g: f"{a} + {v} * {v}", _plus, "fabsf({})", "sqrtf({})"),
     "ReduceSumSquare": ("0.0f", lambda a, v, g: f"{a} + {v} * {v}", _plus, "(({0}) * ({0}))", "{}"),
-    "ReduceLogSum": ("0.0f", _add, _plus, "logf({})", "logf({})"),
+    "ReduceLogSum": ("0.0f", _add, _plus, "dlcc_logf({})", "dlcc_logf({})"),
 }
 
 _INT_OPS = {
@@ -281,10 +281,10 @@ def reduce_op(call: TemplateCall) -> str:
 
     if op == "ReduceLogSumExp":
         passes = [Pass("m", "(-INFINITY)", _max, _max),
-                  Pass("s", "0.0f", lambda a, v, g: f"{a} + expf({v} - {g('m')})", _plus)]
-        # an all -inf row gives log(0) + -inf = -inf, like numpy; guard the inf - inf = nan in expf
+                  Pass("s", "0.0f", lambda a, v, g: f"{a} + dlcc_expf({v} - {g('m')})", _plus)]
+        # an all -inf row gives log(0) + -inf = -inf, like numpy; guard the inf - inf = nan in dlcc_expf
         def fin(g):
-            return f"(isinf({g('m')}) ? {g('m')} : logf({g('s')}) + {g('m')})"
+            return f"(isinf({g('m')}) ? {g('m')} : dlcc_logf({g('s')}) + {g('m')})"
         return row_reduce(call, x, axes, passes, finish_reduce=fin, out_index=out_index)
     if x.dtype == "int64":
         init, step, merge = _INT_OPS[op]
