@@ -36,6 +36,7 @@ from dlcc.lower.lir import (
     Load,
     Micro,
     Ptr,
+    Select,
     Stmt,
     Store,
     Var,
@@ -74,6 +75,8 @@ class _Printer:
             return f"({a} {op} {b})"
         if isinstance(x, Load):
             return self.ref(x.buf, x.index, x.lanes)
+        if isinstance(x, Select):
+            return f"(({self.e(x.cond)}) ? ({self.e(x.a)}) : ({self.e(x.b)}))"
         if isinstance(x, Bcast):
             return f"((dlcc_vf){{0}} + ({self.e(x.value)}))"
         if isinstance(x, Ptr):

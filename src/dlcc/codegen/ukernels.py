@@ -9,6 +9,8 @@ gemm_{mr}x{nr}: mr x (nr / lanes) vector accumulators; per k, the nr-column row 
 loaded once (nr / lanes vectors) and each of the mr values of the A micro-panel is broadcast once and
 feeds nr / lanes FMAs. A full-width tile is added to (``acc``) and stored into C with vector loads and
 stores; a narrower one (the matrix's last columns) goes through a small local tile.
+gemmt_{mr}x{nr}: the same tile stored transposed (column j of the tile is mr consecutive floats of C),
+through a local tile.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dlcc.codegen.cbase import indent
 
 __all__ = ["micro_c"]
 
-_GEMM = re.compile(r"gemm_(\d+)x(\d+)$")
+_GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -27,10 +29,10 @@ def micro_c(name: str, lanes: int) -> str:
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
-    return _gemm(int(m.group(1)), int(m.group(2)), lanes)
+    return _gemm(int(m.group(2)), int(m.group(3)), lanes, bool(m.group(1)))
 
 
-def _gemm(mr: int, nr: int, lanes: int) -> str:
+def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
     nv = nr // lanes
@@ -43,6 +45,16 @@ def _gemm(mr: int, nr: int, lanes: int) -> str:
         body.append(f"{{ const dlcc_vf x{r} = (dlcc_vf){{0}} + a[{r}]; {fmas} }}")
     body += [f"a += {mr};", f"b += {nr};"]
     lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
+    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}"
+    if transposed:  # through a local tile: c[j*ldc + r] for each column j < ncols, rows r < mr contiguous
+        tile = [f"float t[{mr * nr}];"]
+        tile += [f"dlcc_vf_store(t + {r * nr + q * lanes}, {acc[r][q]});" for r in range(mr) for q in range(nv)]
+        tile.append(f"for (int64_t j = 0; j < ncols; ++j)\n"
+                    f"    for (int64_t r = 0; r < {mr}; ++r) c[j * ldc + r] = (acc ? c[j * ldc + r] : 0.0f) "
+                    f"+ t[r * {nr} + j];")
+        lines.append("\n".join(tile))
+        return (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
+                f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n{indent(chr(10).join(lines))}\n}}\n")
     full_acc, full_st = [], []
     for r in range(mr):
         for q in range(nv):

@@ -18,7 +18,8 @@ numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
         Micro(name, args)                   a named micro-kernel (``MICRO``) with a stated contract
         Epilogue(index, value)              hands element ``index`` of the kernel's result to the fused
                                             epilogue (bias, activation, residual add, the final store)
-      expressions: Var, Const, Bin(op, a, b), Load(buf, index, lanes), Bcast(value, lanes), Ptr(buf, index)
+      expressions: Var, Const, Bin(op, a, b), Load(buf, index, lanes), Bcast(value, lanes), Select(cond, a, b),
+                   Ptr(buf, index)
 
 Buffers hold scalars; a vector access reads or writes ``lanes`` consecutive elements along the last logical
 axis, which the layout must keep contiguous. A ``Layout`` maps a logical index to an element offset:
@@ -43,7 +44,7 @@ import numpy as np
 from dlcc.errors import PassError
 
 __all__ = ["Alloc", "Bcast", "Bin", "Buf", "Const", "Epilogue", "Expr", "For", "Func", "If", "Layout", "Load",
-           "MICRO", "Micro", "MicroKernel", "Ptr", "Store", "Var", "mark", "print_func", "run_func", "split",
+           "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var", "mark", "print_func", "run_func", "split",
            "verify_func"]
 
 SCOPES = ("global", "register", "stack", "workspace", "thread_workspace")
@@ -185,6 +186,23 @@ class Bcast(Expr):
     @property
     def dtype(self) -> str:  # type: ignore[override]
         return self.value.dtype
+
+
+@dataclass(frozen=True, eq=True)
+class Select(Expr):
+    """``a`` where ``cond`` (an int64 0/1) holds, else ``b``: both are evaluated (a load in ``a`` must be in
+    bounds on its own, e.g. through clamped indices), so the choice is branchless."""
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+    @property
+    def lanes(self) -> int:  # type: ignore[override]
+        return max(self.a.lanes, self.b.lanes)
 
 
 @dataclass(frozen=True, eq=True)
@@ -338,6 +356,8 @@ def _pe(e: Expr) -> str:
         return f"{e.buf.name}{v}[{', '.join(_pe(i) for i in e.index)}]"
     if isinstance(e, Bcast):
         return f"bcast<{e.lanes}>({_pe(e.value)})"
+    if isinstance(e, Select):
+        return f"select({_pe(e.cond)}, {_pe(e.a)}, {_pe(e.b)})"
     if isinstance(e, Ptr):
         return f"&{e.buf.name}[{', '.join(_pe(i) for i in e.index)}]"
     raise PassError(f"loop IR: unknown expression {e!r}")
@@ -556,6 +576,11 @@ class _Verifier:
             self.access(e.buf, e.index, e.lanes, env, False)
         elif isinstance(e, Bcast):
             self.expr(e.value, env)
+        elif isinstance(e, Select):
+            for x in (e.cond, e.a, e.b):
+                self.expr(x, env)
+            if e.cond.dtype != "int64" or e.a.dtype != e.b.dtype:
+                self.fail(f"{_pe(e)}: the condition must be int64 and both values of one dtype")
         elif isinstance(e, Ptr):
             self.access(e.buf, e.index, 1, env, False)
         else:
@@ -734,6 +759,9 @@ class _Interp:
             return vals[0] if e.lanes == 1 else vals.copy()
         if isinstance(e, Bcast):
             return np.full(e.lanes, self.ev(e.value, env), dtype=np.float32)
+        if isinstance(e, Select):
+            a, b = self.ev(e.a, env), self.ev(e.b, env)
+            return a if self.ev(e.cond, env) else b
         if isinstance(e, Ptr):
             return e.buf.name, int(self.ev(e.buf.layout.address(e.index), env))
         raise PassError(f"loop IR: cannot interpret {e!r}")
@@ -795,6 +823,8 @@ def _subst(e: Expr, var: str, new: Expr) -> Expr:
         return Load(e.buf, tuple(_subst(i, var, new) for i in e.index), e.lanes)
     if isinstance(e, Bcast):
         return Bcast(_subst(e.value, var, new), e.lanes)
+    if isinstance(e, Select):
+        return Select(_subst(e.cond, var, new), _subst(e.a, var, new), _subst(e.b, var, new))
     if isinstance(e, Ptr):
         return Ptr(e.buf, tuple(_subst(i, var, new) for i in e.index))
     return e

@@ -5,7 +5,11 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
     gemm_{mr}x{nr}(kc, a, b, c, ldc, acc, ncols)
         c[r*ldc + j] = (acc ? c[r*ldc + j] : 0) + sum_{k < kc} a[k*mr + r] * b[k*nr + j]
         for r < mr, j < ncols (<= nr). ``a`` is a packed A micro-panel (kc x mr, k-major), ``b`` a packed
-        B micro-panel (kc x nr, k-major, zero beyond the matrix's last column).
+        B micro-panel (kc x nr, k-major; columns at or beyond ncols are never stored).
+
+    gemmt_{mr}x{nr}(kc, a, b, c, ldc, acc, ncols)
+        the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
+        pixels as rows and output channels as columns, stored channel-major).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["gemm_micro"]
+__all__ = ["gemm_micro", "gemmt_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -23,7 +27,7 @@ def gemm_micro(mr: int, nr: int) -> str:
     if name in MICRO:
         return name
 
-    def footprint(s: dict[str, int]) -> dict[str, int]:
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         kc = max(s["kc"], 1)
         return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": (mr, s["ldc"], max(s["ncols"], 1))}
 
@@ -42,5 +46,34 @@ def gemm_micro(mr: int, nr: int) -> str:
         name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
                ("ncols", "int")),
         f"c[r*ldc + j] (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}",
+        footprint, reference)
+    return name
+
+
+def gemmt_micro(mr: int, nr: int) -> str:
+    """The mr x nr GEMM micro-kernel that stores its tile transposed, registering its contract."""
+    name = f"gemmt_{mr}x{nr}"
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        kc = max(s["kc"], 1)
+        return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": (max(s["ncols"], 1), s["ldc"], mr)}
+
+    def reference(arrays, offsets, s) -> None:
+        kc, ldc, nc = s["kc"], s["ldc"], s["ncols"]
+        a = arrays["a"][offsets["a"]:offsets["a"] + kc * mr].reshape(kc, mr).astype(np.float64)
+        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
+        prod = a.T @ b
+        c, o = arrays["c"], offsets["c"]
+        for j in range(nc):
+            col = slice(o + j * ldc, o + j * ldc + mr)
+            base = c[col].astype(np.float64) if s["acc"] else 0.0
+            c[col] = (base + prod[:, j]).astype(c.dtype)
+
+    MICRO[name] = MicroKernel(
+        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
+               ("ncols", "int")),
+        f"c[j*ldc + r] (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}",
         footprint, reference)
     return name

@@ -2,8 +2,8 @@
 
 What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What comes out: the same
 program where each template step that needs scratch (a packed GEMM's per-thread panels of A) owns a
-``temp`` buffer of that size (``Step.workspace``; packed GEMMs: MatMul/Gemm with a weight B, 1x1
-convolutions), written by its kernel; the memory planner then places
+``temp`` buffer of that size (``Step.workspace``; packed GEMMs: MatMul/Gemm with a weight B,
+convolutions with a weight), written by its kernel; the memory planner then places
 it in the arena with everything else, and codegen hands it to the template.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from dlcc.lower.kir import Buffer, Program
-from dlcc.schedule.gemm import gemm_dims, plan_gemm, plan_gemm_wconst
+from dlcc.schedule.gemm import ConvGeometry, conv_gemm_pays, gemm_dims, plan_gemm, plan_gemm_conv, plan_gemm_wconst
 from dlcc.schedule.target import Target
 
 __all__ = ["declare_workspace", "node_workspace_bytes"]
@@ -49,14 +49,32 @@ def _pointwise_conv_dims(node: ir.Node, is_const: Callable[[ir.Value], bool]) ->
     return ws[0], pixels, xs[1], xs[0]
 
 
+def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
+    """A 2-D group-1 convolution with a weight: its im2col GEMM's panels (``schedule.gemm.plan_gemm_conv``)."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if x is None or w is None or x.shape is None or w.shape is None or y.shape is None or not is_const(w):
+        return 0
+    xs, ws, ys = _shape(x), _shape(w), _shape(y)
+    if len(xs) != 4 or len(ws) != 4 or len(ys) != 4 or min(*xs, *ws, *ys) < 1:
+        return 0
+    attrs = {k: v.value for k, v in node.attributes.items()}
+    if int(attrs.get("group", 1)) != 1:
+        return 0
+    sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
+    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, 1, 1, 0, 0)
+    if not conv_gemm_pays(g):
+        return 0
+    return plan_gemm_conv(ws[0], g, xs[0], target, threads).workspace_bytes
+
+
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
     if node.op_type == "Conv" and len(node.inputs) >= 2:
         dims = _pointwise_conv_dims(node, is_const)
-        if dims is None or min(dims) < 1:
-            return 0
-        m, n, k, batch = dims
-        return plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes
+        if dims is not None:
+            m, n, k, batch = dims
+            return plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes if min(dims) >= 1 else 0
+        return _conv_gemm_bytes(node, is_const, target, threads)
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
         return 0
     a, b = node.inputs[0], node.inputs[1]

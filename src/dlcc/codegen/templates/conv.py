@@ -37,7 +37,17 @@ from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
 from dlcc.lower.lir import Buf, Layout, verify_func
-from dlcc.schedule.gemm import GemmPlan, gemm_func_wconst, pack_a, plan_gemm_wconst
+from dlcc.schedule.gemm import (
+    ConvGeometry,
+    GemmPlan,
+    conv_gemm_pays,
+    gemm_func_conv,
+    gemm_func_wconst,
+    pack_a,
+    pack_b,
+    plan_gemm_conv,
+    plan_gemm_wconst,
+)
 
 # im2col is used for short rows (or a strided last dim) when a chunk of input channels gives at least this
 # reduction length (measured: shorter chunks lose to the direct path's register tiles)
@@ -177,6 +187,14 @@ def conv(call: TemplateCall) -> str:
         packed = _pointwise_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, outs)
         if packed is not None:
             return packed
+    if (not pointwise and r == 2 and group == 1 and w.const is not None and call.workspace is not None
+            and call.scratch.contiguous):
+        g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
+                         dils[1], pb[0], pb[1])
+        if conv_gemm_pays(g):
+            packed = _im2col_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, -1), bref, g)
+            if packed is not None:
+                return packed
     if pointwise and _flat_ok(xref, 2) and r > 1:
         # a 1x1 conv is a GEMM: view the spatial dims as one row of length P
         P = math.prod(ins)
@@ -242,6 +260,50 @@ def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref:
                           call.target.lanes)
     call.micro.update(micro)
     return text
+
+
+def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
+                   g: ConvGeometry) -> str | None:
+    """A 2-D group-1 convolution as the im2col GEMM of the loop IR (``schedule.gemm.gemm_func_conv``):
+    output pixels as rows, output channels as columns (the weight packed at compile time), im2col panels
+    gathered per block into the workspace; bias in the epilogue."""
+    N = xref.shape[0]
+    M, P = w2.shape[0], g.oh * g.ow
+    ws, c = call.workspace, call.scratch
+    plan = plan_gemm_conv(M, g, N, call.target, call.threads)
+    if plan.workspace_bytes > 4 * ws.size:
+        return None
+    names = call.names
+    bpk = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr))
+    wp = Buf(bpk.ptr, "float32", Layout.strided(bpk.shape))
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, M, P), (M * P, P, 1), c.offset))
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    trivial = call.direct and bref is None
+    f = gemm_func_conv(plan, g, x, wp, cb, wsb, not trivial, fresh=names)
+    _verify_conv_once(plan, g, xref.shape, xref.strides, not trivial, ws.size)
+    outs = [g.oh, g.ow]
+
+    def store(idx, v):
+        n, co, p = idx
+        val = f"{v} + {bref.at([co])}" if bref is not None else v
+        return _FLAT_AGAIN.sub(r"\1", call.store([n, co, *_unflat(p, outs)], val))
+
+    text, micro = print_c(f, {bpk.ptr: bpk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
+                          call.target.lanes)
+    call.micro.update(micro)
+    return text
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], strides: tuple[int, ...],
+                      epilogue: bool, ws_floats: int) -> None:
+    """verify_func on the loop IR of ``plan`` (the same for every convolution with this geometry)."""
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    wp = Buf("w", "float32", Layout.strided((plan.col_panels, plan.k, plan.nr)))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.n, plan.m)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue))
 
 
 _FLAT_AGAIN = re.compile(r"\(\((\w+)\) / (\d+)\)\*\2 \+ \(\(\1\) % \2\)")
