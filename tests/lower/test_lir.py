@@ -35,8 +35,18 @@ from dlcc.lower.lir import (
     split,
     verify_func,
 )
-from dlcc.lower.micro import gemm_micro
-from dlcc.schedule.gemm import gemm_func, gemm_func_wconst, pack_a, pack_b, plan_gemm, plan_gemm_wconst
+from dlcc.lower.micro import gemm_micro, gemmt_micro
+from dlcc.schedule.gemm import (
+    ConvGeometry,
+    gemm_func,
+    gemm_func_conv,
+    gemm_func_wconst,
+    pack_a,
+    pack_b,
+    plan_gemm,
+    plan_gemm_conv,
+    plan_gemm_wconst,
+)
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import runnable_targets
 
@@ -261,3 +271,76 @@ def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn):
     run_func(f, {"ap": pack_a(a, p.mr), "x": x.ravel().copy(), "c": c}, lambda i, v: seen.append(i))
     np.testing.assert_allclose(c.reshape(batch, m, n), a.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == batch * m * n
+
+
+def _conv_ref(x, w, s, d, pad):
+    n, c, h, wd = x.shape
+    co, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    oh = (h + 2 * pad[0] - (kh - 1) * d[0] - 1) // s[0] + 1
+    ow = (wd + 2 * pad[1] - (kw - 1) * d[1] - 1) // s[1] + 1
+    out = np.zeros((n, co, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * d[0]:i * d[0] + s[0] * (oh - 1) + 1:s[0], j * d[1]:j * d[1] + s[1] * (ow - 1) + 1:s[1]]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("n,c,h,w,co,k,s,d,pad,threads", [
+    (1, 3, 9, 8, 20, 3, 1, 1, 1, 1), (2, 5, 7, 7, 40, 3, 2, 1, 1, 2), (1, 4, 10, 9, 33, 1, 2, 1, 0, 1),
+    (1, 2, 11, 11, 17, 3, 1, 2, 2, 2), (1, 3, 8, 8, 8, 3, 1, 1, 0, 1)])
+def test_conv_gemm_loop_ir_matches_numpy(n, c, h, w, co, k, s, d, pad, threads):
+    """The im2col GEMM: pixels as rows, gathered (padding through clamped loads and a select)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, c, k, k)).astype(np.float32)
+    ref = _conv_ref(x, wt, (s, s), (d, d), (pad, pad))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(c, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+    p = plan_gemm_conv(co, g, n, TINY, 1)
+    if threads > 1:
+        p = dataclasses.replace(p, tm=threads)
+    xb = Buf("x", "float32", Layout.strided((n, c, h, w)))
+    wp = Buf("wp", "float32", Layout.strided((p.col_panels, p.k, p.nr)))
+    cb = Buf("c", "float32", Layout.strided((n, co, oh * ow)))
+    ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
+    f = gemm_func_conv(p, g, xb, wp, cb, ws, True)
+    verify_func(f)
+    out = np.full(n * co * oh * ow, np.nan, np.float32)
+    seen = []
+    run_func(f, {"x": x.ravel().copy(), "wp": pack_b(wt.reshape(co, -1).T.copy(), p.nr).ravel(), "c": out},
+             lambda i, v: seen.append(i))
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_transposed_store_micro_kernel_matches_its_contract(target):
+    t = get_target(target)
+    p = plan_gemm(64, 64, 64, t, 1)
+    rng = np.random.default_rng(5)
+    cases = [(p.mr, 23, 1, p.nr), (p.mr, 4, 0, 5), (2, 7, 1, 1)]
+    names = sorted({gemmt_micro(mr, p.nr) for mr, *_ in cases})
+    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names)
+    for n in names:
+        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for mr, kc, acc, ncols in cases:
+            name = gemmt_micro(mr, p.nr)
+            a = rng.standard_normal(kc * mr).astype(np.float32)
+            b = rng.standard_normal(kc * p.nr).astype(np.float32)
+            ldc = mr + 3
+            c0 = rng.standard_normal(p.nr * ldc).astype(np.float32)
+            want = c0.copy()
+            MICRO[name].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
+                                  {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
+            got = c0.copy()
+            fn = getattr(lib, f"w_{name}")
+            ptr = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+            fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            assert np.array_equal(got[ncols * ldc:], c0[ncols * ldc:])  # columns >= ncols untouched
