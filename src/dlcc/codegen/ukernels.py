@@ -24,8 +24,14 @@ __all__ = ["micro_c"]
 _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 
+_IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
+
+
 def micro_c(name: str, lanes: int) -> str:
     """The C definition of micro-kernel ``name`` for vectors of ``lanes`` floats."""
+    m = _IM2COL.match(name)
+    if m is not None:
+        return _im2col(name, *(int(v) for v in m.group(1).split("_")))
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
@@ -71,3 +77,43 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
                  f"}} else {{\n{indent(chr(10).join(tile))}\n}}")
     return (f"static void dlcc_uk_gemm_{mr}x{nr}(int64_t kc, const float* restrict a, const float* restrict b, "
             f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n{indent(chr(10).join(lines))}\n}}\n")
+
+
+def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int,
+            pw: int, xc: int, xh: int, mr: int) -> str:
+    """The gather of a row micro-panel of the implicit im2col matrix (contract: ``lower.micro.im2col_micro``),
+    the geometry in constants: per k, the panel's pixels are runs along output rows, each read with the
+    constant stride sw from one input row (indices clamped into the row and the padding selected as 0, so
+    the run vectorizes), a run whose input row is padding written as zeros."""
+    return f"""static void dlcc_uk_{name}(int64_t kc, int64_t k0, int64_t p0, int64_t rows, const float* restrict x,
+                                float* restrict ws) {{
+    for (int64_t kk = 0; kk < kc; ++kk) {{
+        const int64_t k = k0 + kk, ci = k / {kh * kw}, ky = (k / {kw}) % {kh}, kx = k % {kw};
+        float* restrict dst = ws + kk * rows;
+        int64_t r = 0, oy = p0 / {ow}, ox = p0 % {ow};
+        while (r < rows) {{
+            const int64_t seg = (rows - r < {ow} - ox) ? rows - r : {ow} - ox;
+            const int64_t iy = oy * {sh} + ky * {dh} - {ph};
+            if (iy < 0 || iy >= {h}) {{
+                for (int64_t q = 0; q < seg; ++q) dst[r + q] = 0.0f;
+            }} else {{
+                const float* restrict row = x + ci * {xc} + iy * {xh};
+                const int64_t ix0 = ox * {sw} + kx * {dw} - {pw};
+                if (ix0 >= 0 && ix0 + (seg - 1) * {sw} < {w}) {{
+                    for (int64_t q = 0; q < seg; ++q) dst[r + q] = row[ix0 + q * {sw}];
+                }} else {{
+                    for (int64_t q = 0; q < seg; ++q) {{
+                        const int64_t ix = ix0 + q * {sw};
+                        const int64_t cl = ix < 0 ? 0 : (ix >= {w} ? {w - 1} : ix);
+                        const float v = row[cl];
+                        dst[r + q] = (ix >= 0 && ix < {w}) ? v : 0.0f;
+                    }}
+                }}
+            }}
+            r += seg;
+            ox = 0;
+            ++oy;
+        }}
+    }}
+}}
+"""

@@ -18,7 +18,7 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["gemm_micro", "gemmt_micro"]
+__all__ = ["gemm_micro", "gemmt_micro", "im2col_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -76,4 +76,40 @@ def gemmt_micro(mr: int, nr: int) -> str:
                ("ncols", "int")),
         f"c[j*ldc + r] (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}",
         footprint, reference)
+    return name
+
+
+def im2col_micro(h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int, pw: int,
+                 xc: int, xh: int, mr: int) -> str:
+    """The name of the im2col gather of one convolution geometry, registering its contract on first use.
+
+    im2col_...(kc, k0, p0, rows, x, ws): ws[kk*rows + r] = im2col(p0 + r, k0 + kk) for kk < kc, r < rows
+    (<= mr): im2col(pix, k) = x[ci*xc + iy*xh + ix] for pix = (oy, ox) (ow per row), k = (ci, ky, kx),
+    iy = oy*sh + ky*dh - ph, ix = ox*sw + kx*dw - pw, and 0 where (iy, ix) is outside h x w."""
+    geo = (h, w, ow, kh, kw, sh, sw, dh, dw, ph, pw, xc, xh, mr)
+    name = "im2col_" + "_".join(str(v) for v in geo)
+    if name in MICRO:
+        return name
+    taps = kh * kw
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        kc = max(s["kc"], 1)
+        ci_max = (s["k0"] + kc - 1) // taps
+        return {"x": (1, 0, ci_max * xc + (h - 1) * xh + w), "ws": (1, 0, kc * max(s["rows"], 1))}
+
+    def reference(arrays, offsets, s) -> None:
+        kc, k0, p0, rows = s["kc"], s["k0"], s["p0"], s["rows"]
+        x, xo, ws, wo = arrays["x"], offsets["x"], arrays["ws"], offsets["ws"]
+        for kk in range(kc):
+            k = k0 + kk
+            ci, ky, kx = k // taps, (k // kw) % kh, k % kw
+            for r in range(rows):
+                oy, ox = divmod(p0 + r, ow)
+                iy, ix = oy * sh + ky * dh - ph, ox * sw + kx * dw - pw
+                inside = 0 <= iy < h and 0 <= ix < w
+                ws[wo + kk * rows + r] = x[xo + ci * xc + iy * xh + ix] if inside else 0.0
+
+    MICRO[name] = MicroKernel(
+        name, (("kc", "int"), ("k0", "int"), ("p0", "int"), ("rows", "int"), ("x", "in"), ("ws", "out")),
+        "ws[kk*rows + r] = im2col(p0 + r, k0 + kk), zero in the padding", footprint, reference)
     return name

@@ -41,11 +41,12 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import gemm_micro, gemmt_micro
+from dlcc.lower.micro import gemm_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.target import Target
 
-__all__ = ["MIN_N", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_func", "gemm_func_conv", "gemm_func_wconst",
-           "pack_a", "pack_b", "plan_gemm", "plan_gemm_conv", "plan_gemm_wconst"]
+__all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_func",
+           "gemm_func_conv", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm", "plan_gemm_conv",
+           "plan_gemm_wconst"]
 
 MIN_N = 8  # below this many columns a product is a set of dot products (the matmul template's other path)
 
@@ -98,8 +99,8 @@ class GemmPlan:
         block of B; "i": one row micro-panel of the implicit im2col matrix."""
         if self.pack == "b":
             return self.kc * self.nc * self.nr
-        if self.pack == "i":
-            return self.kc * self.mr
+        if self.pack == "i":  # one row micro-panel, or all the thread's when B is blocked by columns
+            return self.kc * self.mr * (self.rows_per_thread() if self.col_panels > self.nc else 1)
         return self.rows_per_thread() * self.mr * self.kc
 
     @property
@@ -305,14 +306,20 @@ class ConvGeometry:
     pw: int
 
 
-def conv_gemm_pays(g: ConvGeometry) -> bool:
-    """Is the im2col GEMM the faster form of this convolution? Its gather costs about a nanosecond per
-    element of the im2col matrix, so it wins where the direct kernel wastes most: a single tap (a strided
-    1x1), and short output rows (<= 16 pixels, where the direct kernel's pixel vectors run half empty) at
-    stride 1; measured on ResNet-50 (Zen 5, AVX-512)."""
-    if g.kh * g.kw == 1:
+# a 1x1 stride-1 convolution takes pixels as rows (im2col form) when its output rows are at most this long
+# (7x7 or 14x14 planes: as columns their pixels fill vectors of 32 columns poorly), else pixels as columns
+POINTWISE_ROWS_MAX_OW = 16
+
+
+def conv_gemm_pays(g: ConvGeometry, co: int) -> bool:
+    """Is the im2col GEMM the faster form of this convolution (``co`` output channels)? Each gathered
+    im2col element feeds 2*co flops, so the gather pays where the direct kernel wastes most: a single tap
+    (a strided 1x1), short output rows (<= 16 pixels, where the direct kernel's pixel vectors run part
+    empty), and strided convolutions with >= 128 output channels. Measured on ResNet-50 (Zen 5, AVX-512):
+    56x56 and 28x28 stride-1 3x3 layers and the 7x7 stem stay direct."""
+    if g.kh * g.kw == 1 or g.ow <= 16:
         return True
-    return g.sh == g.sw == 1 and g.ow <= 16
+    return (g.sh > 1 or g.sw > 1) and co >= 128
 
 
 def plan_gemm_conv(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> GemmPlan:
@@ -359,7 +366,16 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
         value: Expr = Load(x, (b, k // taps, iy, ix))  # no padding: every tap is inside
     else:
         value = Select(inside, Load(x, (b, k // taps, clamp(iy, g.h), clamp(ix, g.w))), Const(0.0, "float32"))
-    pack = For(kk, Const(0), kcv, (For(r, Const(0), rows, (Store(ws, (base + kk * rows + r,), value),)),))
+    blocked = p.nc < NP  # B's kc x Co block overflows L2: column blocks outside, the thread's rows packed once
+    if blocked:
+        base = simplify(base + (ib - rb0) * (KC * MR))
+    pack: Stmt = For(kk, Const(0), kcv, (For(r, Const(0), rows, (Store(ws, (base + kk * rows + r,), value),)),))
+    xd = x.layout.dims
+    if [d[0] for d in xd] == [0, 1, 2, 3] and xd[3][3] == 1 and all(d[1] == 1 for d in xd):
+        # the same gather as a micro-kernel that copies runs along output rows (the loop above divides per
+        # element, which C compilers do not vectorize)
+        name_ = im2col_micro(g.h, g.w, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, xd[1][3], xd[2][3], MR)
+        pack = Micro(name_, (kcv, k0, ib * MR, rows, Ptr(x, (b, Const(0), Const(0), Const(0))), Ptr(ws, (base,))))
 
     def tile(mr: int) -> tuple[Stmt, ...]:
         acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
@@ -374,8 +390,15 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
 
     tail = M % MR
     tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
-    body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(pc, Const(0), Const(NK), (
-        For(ib, rb0, rb1, (pack, For(jp, Const(0), Const(NP), tiles))),)),)),)
+    if blocked:
+        jb = Var(fresh("jb"))
+        jfirst = jb * p.nc
+        jlast = Bin("min", Const(NP), jfirst + p.nc)
+        per_k: tuple[Stmt, ...] = (For(ib, rb0, rb1, (pack,)), For(jb, Const(0), Const(-(-NP // p.nc)), (
+            For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),)),)))
+    else:
+        per_k = (For(ib, rb0, rb1, (pack, For(jp, Const(0), Const(NP), tiles))),)
+    body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(pc, Const(0), Const(NK), per_k),)),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))

@@ -14,7 +14,15 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from dlcc.lower.kir import Buffer, Program
-from dlcc.schedule.gemm import ConvGeometry, conv_gemm_pays, gemm_dims, plan_gemm, plan_gemm_conv, plan_gemm_wconst
+from dlcc.schedule.gemm import (
+    POINTWISE_ROWS_MAX_OW,
+    ConvGeometry,
+    conv_gemm_pays,
+    gemm_dims,
+    plan_gemm,
+    plan_gemm_conv,
+    plan_gemm_wconst,
+)
 from dlcc.schedule.target import Target
 
 __all__ = ["declare_workspace", "node_workspace_bytes"]
@@ -62,8 +70,10 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
         return 0
     sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
     g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, 1, 1, 0, 0)
-    if not conv_gemm_pays(g):
+    if not conv_gemm_pays(g, ws[0]):
         return 0
+    if ws[2] * ws[3] == 1 and (sh, sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:
+        return 0  # (a 1x1 stride-1 convolution with long rows takes pixels as columns)
     return plan_gemm_conv(ws[0], g, xs[0], target, threads).workspace_bytes
 
 
@@ -71,10 +81,12 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
     if node.op_type == "Conv" and len(node.inputs) >= 2:
         dims = _pointwise_conv_dims(node, is_const)
-        if dims is not None:
+        rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
+        if dims is not None:  # a 1x1 stride-1 one may take either form: room for both
             m, n, k, batch = dims
-            return plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes if min(dims) >= 1 else 0
-        return _conv_gemm_bytes(node, is_const, target, threads)
+            cols = plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes if min(dims) >= 1 else 0
+            return max(cols, rows)
+        return rows
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
         return 0
     a, b = node.inputs[0], node.inputs[1]

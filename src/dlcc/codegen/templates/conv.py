@@ -38,6 +38,7 @@ from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.gemm import (
+    POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
     GemmPlan,
     conv_gemm_pays,
@@ -182,19 +183,18 @@ def conv(call: TemplateCall) -> str:
         if (i + a + e - ((k - 1) * d + 1)) // s + 1 != o:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
     pointwise = all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
-    if (pointwise and group == 1 and w.const is not None and call.workspace is not None and _flat_ok(xref, 2)
-            and call.scratch.contiguous):
-        packed = _pointwise_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, outs)
-        if packed is not None:
-            return packed
-    if (not pointwise and r == 2 and group == 1 and w.const is not None and call.workspace is not None
-            and call.scratch.contiguous):
+    gemm_ok = group == 1 and w.const is not None and call.workspace is not None and call.scratch.contiguous
+    if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
-        if conv_gemm_pays(g):
+        if conv_gemm_pays(g, M) and (not pointwise or g.ow <= POINTWISE_ROWS_MAX_OW):
             packed = _im2col_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, -1), bref, g)
             if packed is not None:
                 return packed
+    if pointwise and gemm_ok and _flat_ok(xref, 2):  # pixels as columns
+        packed = _pointwise_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, outs)
+        if packed is not None:
+            return packed
     if pointwise and _flat_ok(xref, 2) and r > 1:
         # a 1x1 conv is a GEMM: view the spatial dims as one row of length P
         P = math.prod(ins)
