@@ -35,7 +35,7 @@ from dlcc.lower.lir import (
     split,
     verify_func,
 )
-from dlcc.lower.micro import gemm_micro, gemmt_micro
+from dlcc.lower.micro import gemm_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.gemm import (
     ConvGeometry,
     gemm_func,
@@ -344,3 +344,35 @@ def test_transposed_store_micro_kernel_matches_its_contract(target):
             fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
             assert np.array_equal(got[ncols * ldc:], c0[ncols * ldc:])  # columns >= ncols untouched
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_im2col_micro_kernel_matches_its_contract(target):
+    """The gather's C (runs along output rows, padding as zeros) against the contract's reference."""
+    t = get_target(target)
+    rng = np.random.default_rng(6)
+    geos = [(9, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), (11, 11, 4, 3, 3, 2, 2, 2, 2, 2, 2), (7, 7, 7, 1, 1, 1, 1, 1, 1, 0, 0),
+            (10, 13, 5, 5, 5, 2, 3, 1, 1, 2, 1)]
+    src = PRELUDE + vector_helpers(t.lanes) + "\n"
+    names = []
+    for h, w, ow, kh, kw, sh, sw, dh, dw, ph, pw in geos:
+        name = im2col_micro(h, w, ow, kh, kw, sh, sw, dh, dw, ph, pw, h * w + 3, w + 1, 14)
+        names.append(name)
+        src += micro_c(name, t.lanes) + (
+            f"void w_{name}(int64_t kc, int64_t k0, int64_t p0, int64_t rows, const float* x, float* ws) "
+            f"{{ dlcc_uk_{name}(kc, k0, p0, rows, x, ws); }}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for name, (h, w, ow, kh, kw, *_) in zip(names, geos, strict=True):
+            ci = 3
+            x = rng.standard_normal(ci * (h * w + 3)).astype(np.float32)
+            for kc, k0, p0, rows in [(ci * kh * kw, 0, 0, 14), (2, kh * kw - 1, ow - 1, 9), (1, 0, 3, 1)]:
+                want = np.full(kc * rows + 4, 7.0, np.float32)
+                MICRO[name].reference({"x": x, "ws": want}, {"x": 0, "ws": 0},
+                                      {"kc": kc, "k0": k0, "p0": p0, "rows": rows})
+                got = np.full(kc * rows + 4, 7.0, np.float32)
+                fn = getattr(lib, f"w_{name}")
+                i64, ptr = ctypes.c_int64, ctypes.c_void_p
+                fn.argtypes = [i64, i64, i64, i64, ptr, ptr]
+                fn(kc, k0, p0, rows, x.ctypes.data_as(ptr), got.ctypes.data_as(ptr))
+                np.testing.assert_array_equal(got, want)
