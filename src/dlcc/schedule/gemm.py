@@ -326,10 +326,15 @@ def plan_gemm_conv(co: int, g: ConvGeometry, batch: int, target: Target, threads
     """The plan of a group-1 convolution as a GEMM with pixels as rows (``gemm_func_conv``): per thread,
     one row micro-panel of the implicit im2col matrix packed at a time (mr x kc in workspace)."""
     p = plan_gemm(g.oh * g.ow, co, g.ci * g.kh * g.kw, target, 1)
-    tm = 1
-    if threads > 1 and 2.0 * p.m * p.n * p.k * batch >= 2e6 and p.row_blocks >= threads:
-        tm = threads
-    return GemmPlan(p.m, p.n, p.k, p.mr, p.nr, p.kc, p.nc, tm, 1, "i", batch)
+    tm = tn = 1
+    if threads > 1 and 2.0 * p.m * p.n * p.k * batch >= 2e6:
+        # threads over output channels: each writes whole channel planes of the output. Split by pixels,
+        # two threads would write the same cache line of every channel at their boundary, once per K block.
+        if p.col_panels >= threads:
+            tn = threads
+        elif p.row_blocks >= threads:
+            tm = threads
+    return GemmPlan(p.m, p.n, p.k, p.mr, p.nr, p.kc, p.nc, tm, tn, "i", batch)
 
 
 def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool,
@@ -344,6 +349,7 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     t, b, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
     rb0, rb1 = (simplify(tv * MB // p.tm), simplify((tv + 1) * MB // p.tm)) if p.tm > 1 else (Const(0), Const(MB))
+    cb0, cb1 = (simplify(tv * NP // p.tn), simplify((tv + 1) * NP // p.tn)) if p.tn > 1 else (Const(0), Const(NP))
     k0 = pc * KC
     kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
     rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
@@ -392,12 +398,13 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
     if blocked:
         jb = Var(fresh("jb"))
-        jfirst = jb * p.nc
-        jlast = Bin("min", Const(NP), jfirst + p.nc)
-        per_k: tuple[Stmt, ...] = (For(ib, rb0, rb1, (pack,)), For(jb, Const(0), Const(-(-NP // p.nc)), (
+        jfirst = cb0 + jb * p.nc
+        jlast = Bin("min", cb1, jfirst + p.nc)
+        nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
+        per_k: tuple[Stmt, ...] = (For(ib, rb0, rb1, (pack,)), For(jb, Const(0), nblocks, (
             For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),)),)))
     else:
-        per_k = (For(ib, rb0, rb1, (pack, For(jp, Const(0), Const(NP), tiles))),)
+        per_k = (For(ib, rb0, rb1, (pack, For(jp, cb0, cb1, tiles))),)
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(pc, Const(0), Const(NK), per_k),)),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)

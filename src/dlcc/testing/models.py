@@ -35,12 +35,20 @@ __all__ = [
     "KIT_MODELS",
     "attention_block",
     "conv_bn_relu_stack",
+    "convnext_block_stack",
+    "deeplabv3_head",
     "depthwise_separable_block",
+    "efficientnet_b0",
     "gelu_erf",
     "gelu_tanh",
     "layernorm_primitive",
     "mlp",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
     "residual_block",
+    "resnet18",
+    "shufflenet_v2",
+    "squeezenet",
     "transformer_encoder_block",
 ]
 
@@ -59,6 +67,7 @@ class _Builder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self._used: set[str] = set()
+        self._shared: dict[tuple[str, float], str] = {}
 
     def fresh(self, base: str) -> str:
         name, k = base, 1
@@ -93,8 +102,12 @@ class _Builder:
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
 
-    def weight(self, base: str, shape: Sequence[int], fan_in: int) -> str:
+    def weight(self, base: str, shape: Sequence[int], fan_in: int, gain: float = 1.0) -> str:
+        """Normal with std gain / sqrt(fan_in) (gain sqrt(2): He-normal, for a weight followed by a
+        rectifier-like activation)."""
         w = self.rng.standard_normal(tuple(shape)).astype(np.float32) / np.float32(math.sqrt(fan_in))
+        if gain != 1.0:
+            w = w * np.float32(gain)
         return self.init(base, w)
 
     def bias(self, base: str, n: int, std: float = 0.1) -> str:
@@ -112,6 +125,13 @@ class _Builder:
         t = numpy_helper.from_array(np.asarray(value, dtype=dtype), out)
         self.nodes.append(helper.make_node("Constant", [], [out], name=self.fresh(f"{base}_const"), value=t))
         return out
+
+    def shared_scalar(self, base: str, value: float) -> str:
+        """Like ``scalar``, but one Constant node per (base, value) for the whole graph."""
+        key = (base, float(value))
+        if key not in self._shared:
+            self._shared[key] = self.scalar(base, value)
+        return self._shared[key]
 
     def op(self, op_type: str, inputs: Sequence[str], base: str | None = None, n_out: int = 1,
            **attrs) -> str:
@@ -144,19 +164,35 @@ def _linear(b: _Builder, x: str, d_in: int, d_out: int, base: str) -> str:
     return b.op("Add", [y, b.bias(f"{base}_bias", d_out)], f"{base}_out")
 
 
-def _conv_bn(b: _Builder, x: str, c_in: int, c_out: int, base: str, *, kernel: int = 3, stride: int = 1,
-             group: int = 1, conv_bias: bool = False) -> str:
-    pad = kernel // 2
+def _conv(b: _Builder, x: str, c_in: int, c_out: int, base: str, *, kernel: int = 3, stride: int = 1,
+          group: int = 1, dilation: int = 1, pad: int | None = None, bias: bool = False,
+          gain: float = 1.0) -> str:
+    """Conv with a [c_out, c_in/group, k, k] weight (std gain/sqrt(fan_in)) and an optional bias; the
+    padding defaults to dilation * (kernel // 2) on every side (PyTorch's "same" for odd kernels)."""
+    if pad is None:
+        pad = dilation * (kernel // 2)
     fan_in = (c_in // group) * kernel * kernel
-    inputs = [x, b.weight(f"{base}_weight", [c_out, c_in // group, kernel, kernel], fan_in)]
-    if conv_bias:
+    inputs = [x, b.weight(f"{base}_weight", [c_out, c_in // group, kernel, kernel], fan_in, gain)]
+    if bias:
         inputs.append(b.bias(f"{base}_bias", c_out))
-    y = b.op("Conv", inputs, f"{base}_conv", kernel_shape=[kernel, kernel], pads=[pad] * 4,
-             strides=[stride, stride], group=group)
-    bn = [b.around_one(f"{base}_bn_scale", c_out), b.bias(f"{base}_bn_bias", c_out),
-          b.bias(f"{base}_bn_mean", c_out),
-          b.init(f"{base}_bn_var", b.rng.uniform(0.5, 1.5, c_out).astype(np.float32))]
-    return b.op("BatchNormalization", [y, *bn], f"{base}_bn", epsilon=1e-5)
+    attrs = {"dilations": [dilation, dilation]} if dilation != 1 else {}
+    return b.op("Conv", inputs, f"{base}_conv", kernel_shape=[kernel, kernel], pads=[pad] * 4,
+                strides=[stride, stride], group=group, **attrs)
+
+
+def _bn(b: _Builder, x: str, c: int, base: str, *, eps: float = 1e-5) -> str:
+    """Inference BatchNormalization: scale and variance in [0.5, 1.5], bias and mean ~ N(0, 0.1^2)."""
+    bn = [b.around_one(f"{base}_bn_scale", c), b.bias(f"{base}_bn_bias", c), b.bias(f"{base}_bn_mean", c),
+          b.init(f"{base}_bn_var", b.rng.uniform(0.5, 1.5, c).astype(np.float32))]
+    return b.op("BatchNormalization", [x, *bn], f"{base}_bn", epsilon=eps)
+
+
+def _conv_bn(b: _Builder, x: str, c_in: int, c_out: int, base: str, *, kernel: int = 3, stride: int = 1,
+             group: int = 1, conv_bias: bool = False, dilation: int = 1, eps: float = 1e-5,
+             gain: float = 1.0) -> str:
+    y = _conv(b, x, c_in, c_out, base, kernel=kernel, stride=stride, group=group, dilation=dilation,
+              bias=conv_bias, gain=gain)
+    return _bn(b, y, c_out, base, eps=eps)
 
 
 def _layernorm(b: _Builder, x: str, hidden: int, eps: float, base: str) -> str:
@@ -418,6 +454,394 @@ def transformer_encoder_block(*, batch: Dim = 2, seq: int = 16, vocab: int = 100
         f = _linear(b, f, ffn, d_model, f"{p}ffn_out")
         h = _layernorm(b, b.op("Add", [h, f], f"{p}ffn_residual"), d_model, eps, f"{p}ffn_ln")
     b.output(h, "hidden", TensorProto.FLOAT, [batch, seq, d_model])
+    return b.model()
+
+
+# --------------------------------------------------------------- real architectures at real sizes
+#
+# Published ImageNet/segmentation architectures layer for layer (the torchvision definitions), for
+# benchmarks: batch 1, 224x224 images, full-size seeded weights (He-normal: std sqrt(2/fan_in) for a
+# weight followed by a rectifier-like activation, 1/sqrt(fan_in) otherwise), BatchNormalization kept
+# as nodes. Parameter counts (BN running statistics excluded) equal torchvision's published ones.
+# These are not in ``KIT_MODELS`` (they take seconds, not milliseconds, to run).
+
+_HE = math.sqrt(2.0)
+
+
+def _activate(b: _Builder, x: str, act: str, base: str) -> str:
+    """``act``: "relu", "relu6" (Clip with Constant bounds 0 and 6, shared by the graph), "hardswish"
+    (HardSwish), "silu" (x * Sigmoid(x)) or "none"."""
+    if act == "none":
+        return x
+    if act == "relu":
+        return b.op("Relu", [x], f"{base}_relu")
+    if act == "relu6":
+        return b.op("Clip", [x, b.shared_scalar("relu6_min", 0.0), b.shared_scalar("relu6_max", 6.0)],
+                    f"{base}_relu6")
+    if act == "hardswish":
+        return b.op("HardSwish", [x], f"{base}_hswish")
+    if act == "silu":
+        return b.op("Mul", [x, b.op("Sigmoid", [x], f"{base}_sigmoid")], f"{base}_silu")
+    raise ValueError(f"unknown activation {act!r}")
+
+
+def _conv_bn_act(b: _Builder, x: str, c_in: int, c_out: int, base: str, act: str, *, kernel: int = 3,
+                 stride: int = 1, group: int = 1, dilation: int = 1, eps: float = 1e-5) -> str:
+    """Conv (no bias) + BatchNormalization + activation: torchvision's Conv2dNormActivation."""
+    y = _conv_bn(b, x, c_in, c_out, base, kernel=kernel, stride=stride, group=group, dilation=dilation,
+                 eps=eps, gain=1.0 if act == "none" else _HE)
+    return _activate(b, y, act, base)
+
+
+def _squeeze_excite(b: _Builder, x: str, c: int, squeeze: int, base: str, *, act: str, gate: str) -> str:
+    """torchvision's SqueezeExcitation: GlobalAveragePool -> 1x1 Conv (bias) to ``squeeze`` -> ``act``
+    -> 1x1 Conv (bias) back to ``c`` -> ``gate`` ("hardsigmoid": HardSigmoid alpha 1/6, beta 0.5, as
+    PyTorch's; or "sigmoid") -> Mul by x."""
+    s = b.op("GlobalAveragePool", [x], f"{base}_pool")
+    s = _conv(b, s, c, squeeze, f"{base}_fc1", kernel=1, bias=True, gain=_HE)
+    s = _activate(b, s, act, f"{base}_fc1")
+    s = _conv(b, s, squeeze, c, f"{base}_fc2", kernel=1, bias=True)
+    if gate == "hardsigmoid":
+        s = b.op("HardSigmoid", [s], f"{base}_gate", alpha=1.0 / 6.0, beta=0.5)
+    elif gate == "sigmoid":
+        s = b.op("Sigmoid", [s], f"{base}_gate")
+    else:
+        raise ValueError(f"unknown gate {gate!r}")
+    return b.op("Mul", [s, x], f"{base}_scale")
+
+
+def _gemm(b: _Builder, x: str, c_in: int, c_out: int, base: str, gain: float = 1.0) -> str:
+    """Gemm by a [c_out, c_in] weight (transB=1) plus a bias: the exporters' Linear on a 2-D input."""
+    w = b.weight(f"{base}_weight", [c_out, c_in], c_in, gain)
+    return b.op("Gemm", [x, w, b.bias(f"{base}_bias", c_out)], base, transB=1)
+
+
+def _pooled_classifier(b: _Builder, x: str, c: int, num_classes: int, batch: Dim) -> None:
+    """GlobalAveragePool -> Flatten -> Gemm -> graph output "logits" [batch, num_classes]."""
+    x = b.op("GlobalAveragePool", [x], "gap")
+    x = b.op("Flatten", [x], "flat", axis=1)
+    b.output(_gemm(b, x, c, num_classes, "fc"), "logits", TensorProto.FLOAT, [batch, num_classes])
+
+
+def _image(b: _Builder, batch: Dim, size: int) -> str:
+    return b.input("image", TensorProto.FLOAT, [batch, 3, size, size])
+
+
+def _down(size: int, stride: int) -> int:
+    """Output size of a "same"-padded odd kernel (or a 3x3 pad-1 pool) with this stride."""
+    return (size - 1) // stride + 1
+
+
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """torchvision's channel rounding: the nearest multiple of ``divisor``, never below 90% of v."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new_v + divisor if new_v < 0.9 * v else new_v
+
+
+# (expand ratio t, out channels c, blocks n, first stride s): the MobileNetV2 paper's table 2
+MOBILENET_V2_SETTING = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                        (6, 160, 3, 2), (6, 320, 1, 1))
+
+
+def mobilenet_v2(*, batch: Dim = 1, size: int = 224, num_classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV2 (width 1.0; torchvision's, 3.50M parameters): image [batch, 3, size, size] -> logits
+    [batch, num_classes].
+
+    Stem 3x3/2 Conv to 32 + BN + ReLU6; the 17 inverted residual blocks of ``MOBILENET_V2_SETTING``:
+    1x1 expand Conv (t x channels; absent for t = 1) + BN + ReLU6, 3x3 depthwise Conv (stride s in a
+    stage's first block) + BN + ReLU6, 1x1 project Conv + BN (linear), Add of the input when the stride is
+    1 and the channels match; 1x1 Conv to 1280 + BN + ReLU6; GlobalAveragePool, Flatten, Gemm. ReLU6 is
+    Clip(x, 0, 6) with Constant bounds.
+    """
+    b = _Builder("mobilenet_v2", seed=seed)
+    x = _conv_bn_act(b, _image(b, batch, size), 3, 32, "stem", "relu6", stride=2)
+    c, i = 32, 0
+    for t, co, n, s in MOBILENET_V2_SETTING:
+        for j in range(n):
+            stride, p, hidden = (s if j == 0 else 1), f"block{i}", c * t
+            y = x if t == 1 else _conv_bn_act(b, x, c, hidden, f"{p}_expand", "relu6", kernel=1)
+            y = _conv_bn_act(b, y, hidden, hidden, f"{p}_dw", "relu6", stride=stride, group=hidden)
+            y = _conv_bn_act(b, y, hidden, co, f"{p}_project", "none", kernel=1)
+            x = b.op("Add", [x, y], f"{p}_residual") if stride == 1 and c == co else y
+            c, i = co, i + 1
+    x = _conv_bn_act(b, x, c, 1280, "head", "relu6", kernel=1)
+    _pooled_classifier(b, x, 1280, num_classes, batch)
+    return b.model()
+
+
+# (kernel, expanded channels, out channels, squeeze-and-excitation, activation, stride): the bneck rows of
+# the MobileNetV3 paper's table 2 (Small), from 16 input channels
+MOBILENET_V3_SMALL_SETTING = (
+    (3, 16, 16, True, "relu", 2), (3, 72, 24, False, "relu", 2), (3, 88, 24, False, "relu", 1),
+    (5, 96, 40, True, "hardswish", 2), (5, 240, 40, True, "hardswish", 1), (5, 240, 40, True, "hardswish", 1),
+    (5, 120, 48, True, "hardswish", 1), (5, 144, 48, True, "hardswish", 1), (5, 288, 96, True, "hardswish", 2),
+    (5, 576, 96, True, "hardswish", 1), (5, 576, 96, True, "hardswish", 1))
+
+
+def mobilenet_v3_small(*, batch: Dim = 1, size: int = 224, num_classes: int = 1000,
+                       seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV3-Small (torchvision's, 2.54M parameters): image [batch, 3, size, size] -> logits
+    [batch, num_classes].
+
+    Stem 3x3/2 Conv to 16 + BN + HardSwish; the 11 bneck blocks of ``MOBILENET_V3_SMALL_SETTING``: 1x1
+    expand Conv + BN + act (absent when the expansion equals the input), kxk depthwise Conv + BN + act,
+    squeeze-and-excitation (GlobalAveragePool -> 1x1 Conv to make_divisible(expanded / 4, 8) -> Relu ->
+    1x1 Conv -> HardSigmoid(alpha 1/6, beta 0.5) -> Mul), 1x1 project Conv + BN, residual Add at stride 1
+    with equal channels; 1x1 Conv to 576 + BN + HardSwish; GlobalAveragePool, Flatten, Gemm to 1024,
+    HardSwish, Gemm. BatchNormalization epsilon 1e-3, as torchvision's.
+    """
+    b = _Builder("mobilenet_v3_small", seed=seed)
+    eps = 1e-3
+    x = _conv_bn_act(b, _image(b, batch, size), 3, 16, "stem", "hardswish", stride=2, eps=eps)
+    c = 16
+    for i, (k, e, co, se, act, s) in enumerate(MOBILENET_V3_SMALL_SETTING):
+        p = f"block{i}"
+        y = x if e == c else _conv_bn_act(b, x, c, e, f"{p}_expand", act, kernel=1, eps=eps)
+        y = _conv_bn_act(b, y, e, e, f"{p}_dw", act, kernel=k, stride=s, group=e, eps=eps)
+        if se:
+            y = _squeeze_excite(b, y, e, _make_divisible(e // 4), f"{p}_se", act="relu", gate="hardsigmoid")
+        y = _conv_bn_act(b, y, e, co, f"{p}_project", "none", kernel=1, eps=eps)
+        x = b.op("Add", [y, x], f"{p}_residual") if s == 1 and c == co else y
+        c = co
+    x = _conv_bn_act(b, x, c, 6 * c, "head", "hardswish", kernel=1, eps=eps)
+    x = b.op("GlobalAveragePool", [x], "gap")
+    x = b.op("Flatten", [x], "flat", axis=1)
+    x = b.op("HardSwish", [_gemm(b, x, 6 * c, 1024, "fc1", gain=_HE)], "fc1_hswish")
+    b.output(_gemm(b, x, 1024, num_classes, "fc2"), "logits", TensorProto.FLOAT, [batch, num_classes])
+    return b.model()
+
+
+# (expand ratio, kernel, first stride, out channels, blocks): the EfficientNet paper's table 1 (B0)
+EFFICIENTNET_B0_SETTING = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
+                           (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
+
+
+def efficientnet_b0(*, batch: Dim = 1, size: int = 224, num_classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """EfficientNet-B0 (torchvision's, 5.29M parameters): image [batch, 3, size, size] -> logits
+    [batch, num_classes].
+
+    Stem 3x3/2 Conv to 32 + BN + SiLU; the 16 MBConv blocks of ``EFFICIENTNET_B0_SETTING``: 1x1 expand
+    Conv + BN + SiLU (absent for ratio 1), kxk depthwise Conv + BN + SiLU, squeeze-and-excitation
+    (GlobalAveragePool -> 1x1 Conv to max(1, block input channels / 4) -> SiLU -> 1x1 Conv -> Sigmoid ->
+    Mul), 1x1 project Conv + BN, residual Add at stride 1 with equal channels (stochastic depth is the
+    identity at inference); 1x1 Conv to 1280 + BN + SiLU; GlobalAveragePool, Flatten, Gemm. SiLU is
+    x * Sigmoid(x).
+    """
+    b = _Builder("efficientnet_b0", seed=seed)
+    x = _conv_bn_act(b, _image(b, batch, size), 3, 32, "stem", "silu", stride=2)
+    c, i = 32, 0
+    for t, k, s, co, n in EFFICIENTNET_B0_SETTING:
+        for j in range(n):
+            stride, p, e = (s if j == 0 else 1), f"block{i}", c * t
+            y = x if e == c else _conv_bn_act(b, x, c, e, f"{p}_expand", "silu", kernel=1)
+            y = _conv_bn_act(b, y, e, e, f"{p}_dw", "silu", kernel=k, stride=stride, group=e)
+            y = _squeeze_excite(b, y, e, max(1, c // 4), f"{p}_se", act="silu", gate="sigmoid")
+            y = _conv_bn_act(b, y, e, co, f"{p}_project", "none", kernel=1)
+            x = b.op("Add", [y, x], f"{p}_residual") if stride == 1 and c == co else y
+            c, i = co, i + 1
+    x = _conv_bn_act(b, x, c, 1280, "head", "silu", kernel=1)
+    _pooled_classifier(b, x, 1280, num_classes, batch)
+    return b.model()
+
+
+def resnet18(*, batch: Dim = 1, size: int = 224, num_classes: int = 1000, layers: Sequence[int] = (2, 2, 2, 2),
+             seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18 (torchvision's, 11.69M parameters; ``layers=(3, 4, 6, 3)`` is ResNet-34): image
+    [batch, 3, size, size] -> logits [batch, num_classes].
+
+    Stem 7x7/2 Conv to 64 + BN + Relu, 3x3/2 MaxPool (pad 1); four stages of BasicBlocks with 64, 128,
+    256, 512 channels (``layers`` blocks each; stride 2 in the first block of stages 2-4): 3x3 Conv + BN
+    + Relu, 3x3 Conv + BN, shortcut (identity, or 1x1 strided Conv + BN where the shape changes), Add,
+    Relu; GlobalAveragePool, Flatten, Gemm.
+    """
+    if len(layers) != 4:
+        raise ValueError(f"layers must have four stages, not {len(layers)}")
+    b = _Builder("resnet18" if tuple(layers) == (2, 2, 2, 2) else "resnet", seed=seed)
+    x = _conv_bn_act(b, _image(b, batch, size), 3, 64, "stem", "relu", kernel=7, stride=2)
+    x = b.op("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c = 64
+    for stage, (co, n) in enumerate(zip((64, 128, 256, 512), layers, strict=True)):
+        for j in range(n):
+            stride, p = (2 if stage > 0 and j == 0 else 1), f"layer{stage + 1}_{j}"
+            y = _conv_bn_act(b, x, c, co, f"{p}_conv1", "relu", stride=stride)
+            y = _conv_bn(b, y, co, co, f"{p}_conv2")
+            shortcut = x if stride == 1 and c == co else \
+                _conv_bn(b, x, c, co, f"{p}_downsample", kernel=1, stride=stride)
+            x = b.op("Relu", [b.op("Add", [y, shortcut], f"{p}_residual")], f"{p}_relu")
+            c = co
+    _pooled_classifier(b, x, c, num_classes, batch)
+    return b.model()
+
+
+def shufflenet_v2(*, batch: Dim = 1, size: int = 224, num_classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """ShuffleNetV2 x1.0 (torchvision's, 2.28M parameters): image [batch, 3, size, size] -> logits
+    [batch, num_classes].
+
+    Stem 3x3/2 Conv to 24 + BN + Relu, 3x3/2 MaxPool (pad 1); stages of 4, 8, 4 units with 116, 232, 464
+    channels. A stage's first unit (stride 2) concatenates branch 1 (3x3/2 depthwise Conv + BN, 1x1 Conv
+    + BN + Relu) and branch 2 (1x1 Conv + BN + Relu, 3x3/2 depthwise Conv + BN, 1x1 Conv + BN + Relu);
+    the others Split the channels in halves (Split with a ``split`` input) and concatenate the first half
+    with branch 2 (stride 1) of the second. Each unit ends in the channel shuffle Reshape [0, 2, C/2, H, W]
+    -> Transpose [0, 2, 1, 3, 4] -> Reshape [0, C, H, W]. Then 1x1 Conv to 1024 + BN + Relu, ReduceMean
+    over axes [2, 3] (keepdims 0; torchvision's ``x.mean([2, 3])``), Gemm.
+    """
+    b = _Builder("shufflenet_v2", seed=seed)
+    x = _conv_bn_act(b, _image(b, batch, size), 3, 24, "stem", "relu", stride=2)
+    x = b.op("MaxPool", [x], "stem_pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c, hw = 24, _down(_down(size, 2), 2)
+
+    def branch2(y: str, c_in: int, bf: int, stride: int, p: str) -> str:
+        y = _conv_bn_act(b, y, c_in, bf, f"{p}_branch2_pw1", "relu", kernel=1)
+        y = _conv_bn(b, y, bf, bf, f"{p}_branch2_dw", stride=stride, group=bf)
+        return _conv_bn_act(b, y, bf, bf, f"{p}_branch2_pw2", "relu", kernel=1)
+
+    for stage, (n, co) in enumerate(zip((4, 8, 4), (116, 232, 464), strict=True)):
+        bf = co // 2
+        for j in range(n):
+            p = f"stage{stage + 2}_{j}"
+            if j == 0:
+                b1 = _conv_bn(b, x, c, c, f"{p}_branch1_dw", stride=2, group=c)
+                b1 = _conv_bn_act(b, b1, c, bf, f"{p}_branch1_pw", "relu", kernel=1)
+                y = b.op("Concat", [b1, branch2(x, c, bf, 2, p)], f"{p}_concat", axis=1)
+                hw = _down(hw, 2)
+            else:
+                b.op("Split", [x, b.ints(f"{p}_split_sizes", [bf, bf])], f"{p}_split", n_out=2, axis=1)
+                x1, x2 = b.nodes[-1].output
+                y = b.op("Concat", [x1, branch2(x2, bf, bf, 1, p)], f"{p}_concat", axis=1)
+            y = b.op("Reshape", [y, b.ints(f"{p}_shuffle_shape", [0, 2, bf, hw, hw])], f"{p}_shuffle_split")
+            y = b.op("Transpose", [y], f"{p}_shuffle_t", perm=[0, 2, 1, 3, 4])
+            x = b.op("Reshape", [y, b.ints(f"{p}_merge_shape", [0, co, hw, hw])], f"{p}_shuffle")
+            c = co
+    x = _conv_bn_act(b, x, c, 1024, "conv5", "relu", kernel=1)
+    x = b.op("ReduceMean", [x], "mean", axes=[2, 3], keepdims=0)
+    b.output(_gemm(b, x, 1024, num_classes, "fc"), "logits", TensorProto.FLOAT, [batch, num_classes])
+    return b.model()
+
+
+# (squeeze, expand 1x1, expand 3x3) per fire module, with "pool" for a 3x3/2 MaxPool (ceil_mode)
+SQUEEZENET1_1_SETTING = ((16, 64, 64), (16, 64, 64), "pool", (32, 128, 128), (32, 128, 128), "pool",
+                         (48, 192, 192), (48, 192, 192), (64, 256, 256), (64, 256, 256))
+
+
+def squeezenet(*, batch: Dim = 1, size: int = 224, num_classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """SqueezeNet 1.1 (torchvision's squeezenet1_1, 1.24M parameters; no BatchNormalization): image
+    [batch, 3, size, size] -> logits [batch, num_classes].
+
+    3x3/2 Conv to 64 (no padding, bias) + Relu, 3x3/2 MaxPool (ceil_mode), then ``SQUEEZENET1_1_SETTING``:
+    fire modules (1x1 squeeze Conv + Relu, then 1x1 and 3x3 expand Convs + Relu, Concat) and MaxPools;
+    1x1 Conv to num_classes (bias) + Relu, GlobalAveragePool, Flatten.
+    """
+    b = _Builder("squeezenet", seed=seed)
+    x = b.op("Relu", [_conv(b, _image(b, batch, size), 3, 64, "conv1", stride=2, pad=0, bias=True, gain=_HE)],
+             "conv1_relu")
+    c, f = 64, 0
+
+    def pool(y: str, base: str) -> str:
+        return b.op("MaxPool", [y], base, kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+
+    x = pool(x, "pool1")
+    for i, row in enumerate(SQUEEZENET1_1_SETTING):
+        if row == "pool":
+            x = pool(x, f"pool{i + 2}")
+            continue
+        sq, e1, e3 = row
+        p = f"fire{f + 2}"
+        s = b.op("Relu", [_conv(b, x, c, sq, f"{p}_squeeze", kernel=1, bias=True, gain=_HE)], f"{p}_squeeze_relu")
+        y1 = b.op("Relu", [_conv(b, s, sq, e1, f"{p}_expand1x1", kernel=1, bias=True, gain=_HE)], f"{p}_e1_relu")
+        y3 = b.op("Relu", [_conv(b, s, sq, e3, f"{p}_expand3x3", bias=True, gain=_HE)], f"{p}_e3_relu")
+        x = b.op("Concat", [y1, y3], f"{p}_concat", axis=1)
+        c, f = e1 + e3, f + 1
+    x = b.op("Relu", [_conv(b, x, c, num_classes, "classifier", kernel=1, bias=True, gain=_HE)], "classifier_relu")
+    x = b.op("GlobalAveragePool", [x], "gap")
+    b.output(b.op("Flatten", [x], "flat", axis=1), "logits", TensorProto.FLOAT, [batch, num_classes])
+    return b.model()
+
+
+def _layer_norm(b: _Builder, x: str, c: int, base: str, eps: float = 1e-6) -> str:
+    """LayerNormalization over the last axis (gamma in [0.5, 1.5], beta ~ N(0, 0.1^2))."""
+    return b.op("LayerNormalization", [x, b.around_one(f"{base}_gamma", c), b.bias(f"{base}_beta", c)], base,
+                axis=-1, epsilon=eps)
+
+
+def _layer_norm_2d(b: _Builder, x: str, c: int, base: str) -> str:
+    """torchvision's LayerNorm2d: Transpose to NHWC, LayerNormalization over channels, Transpose back."""
+    x = b.op("Transpose", [x], f"{base}_nhwc", perm=[0, 2, 3, 1])
+    return b.op("Transpose", [_layer_norm(b, x, c, base)], f"{base}_nchw", perm=[0, 3, 1, 2])
+
+
+def convnext_block_stack(*, batch: Dim = 1, size: int = 224, depths: Sequence[int] = (3, 3),
+                         dims: Sequence[int] = (96, 192), num_classes: int = 1000, seed: int = 0) -> onnx.ModelProto:
+    """The first two stages of ConvNeXt-T (1.43M parameters; ``depths=(3, 3, 9, 3), dims=(96, 192, 384,
+    768)`` is the whole ConvNeXt-T, 28.6M): image [batch, 3, size, size] -> logits [batch, num_classes].
+
+    Stem 4x4/4 Conv (bias) + LayerNorm2d; per stage (after the first, a downsample LayerNorm2d + 2x2/2
+    Conv with bias) ``depths[s]`` blocks at ``dims[s]`` channels, as torchvision's CNBlock exports: 7x7
+    depthwise Conv (bias), Transpose to NHWC, LayerNormalization (axis -1, epsilon 1e-6), MatMul + Add to
+    4x the channels, GELU (the Erf form), MatMul + Add back, Transpose to NCHW, Mul by the layer scale
+    [C, 1, 1] (drawn in [0.1, 1]), Add of the block input. LayerNorm2d is Transpose -> LayerNormalization
+    -> Transpose. Head: GlobalAveragePool, Flatten, LayerNormalization, Gemm (torchvision normalizes the
+    pooled [C, 1, 1] map before flattening: the same numbers).
+    """
+    if len(depths) != len(dims) or not depths:
+        raise ValueError("depths and dims need the same, nonzero, number of stages")
+    b = _Builder("convnext_block_stack", seed=seed)
+    c = dims[0]
+    x = _conv(b, _image(b, batch, size), 3, c, "stem", kernel=4, stride=4, pad=0, bias=True)
+    x = _layer_norm_2d(b, x, c, "stem_ln")
+    for s, (depth, dim) in enumerate(zip(depths, dims, strict=True)):
+        if s > 0:
+            x = _layer_norm_2d(b, x, c, f"downsample{s}_ln")
+            x = _conv(b, x, c, dim, f"downsample{s}", kernel=2, stride=2, pad=0, bias=True)
+            c = dim
+        for j in range(depth):
+            p = f"stage{s}_{j}"
+            y = _conv(b, x, c, c, f"{p}_dw", kernel=7, group=c, bias=True)
+            y = b.op("Transpose", [y], f"{p}_nhwc", perm=[0, 2, 3, 1])
+            y = _layer_norm(b, y, c, f"{p}_ln")
+            y = _gelu_erf(b, _linear(b, y, c, 4 * c, f"{p}_fc1"), f"{p}_gelu")
+            y = _linear(b, y, 4 * c, c, f"{p}_fc2")
+            y = b.op("Transpose", [y], f"{p}_nchw", perm=[0, 3, 1, 2])
+            scale = b.init(f"{p}_layer_scale", b.rng.uniform(0.1, 1.0, (c, 1, 1)).astype(np.float32))
+            x = b.op("Add", [b.op("Mul", [scale, y], f"{p}_scaled"), x], f"{p}_residual")
+    x = b.op("GlobalAveragePool", [x], "gap")
+    x = _layer_norm(b, b.op("Flatten", [x], "flat", axis=1), c, "head_ln")
+    b.output(_gemm(b, x, c, num_classes, "fc"), "logits", TensorProto.FLOAT, [batch, num_classes])
+    return b.model()
+
+
+def deeplabv3_head(*, batch: Dim = 1, in_channels: int = 2048, size: int = 28, num_classes: int = 21,
+                   rates: Sequence[int] = (12, 24, 36), upsample: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """torchvision's DeepLabHead (ASPP) plus DeepLabV3's final upsampling (16.1M parameters), on the
+    output-stride-8 backbone features of a 224x224 image: features [batch, in_channels, size, size] ->
+    logits [batch, num_classes, size * upsample, size * upsample].
+
+    ASPP: five branches of 256 channels, each Conv (no bias) + BN + Relu: a 1x1 Conv, one 3x3 Conv per
+    dilation in ``rates`` (padding = dilation), and image pooling (GlobalAveragePool -> 1x1 Conv + BN +
+    Relu -> Resize back to size x size); Concat; 1x1 Conv to 256 + BN + Relu (dropout: identity). Then a 3x3
+    Conv + BN + Relu, a 1x1 Conv (bias) to num_classes, and Resize x upsample. Both Resizes are mode
+    "linear", coordinate_transformation_mode "pytorch_half_pixel" (F.interpolate bilinear,
+    align_corners=False) with ``scales`` inputs.
+    """
+    b = _Builder("deeplabv3_head", seed=seed)
+    x = b.input("features", TensorProto.FLOAT, [batch, in_channels, size, size])
+
+    def resize(y: str, factor: int, base: str) -> str:
+        scales = b.init(f"{base}_scales", np.array([1, 1, factor, factor], np.float32))
+        return b.op("Resize", [y, "", scales], base, mode="linear",
+                    coordinate_transformation_mode="pytorch_half_pixel")
+
+    branches = [_conv_bn_act(b, x, in_channels, 256, "aspp0", "relu", kernel=1)]
+    for i, rate in enumerate(rates):
+        branches.append(_conv_bn_act(b, x, in_channels, 256, f"aspp{i + 1}", "relu", dilation=rate))
+    pooled = b.op("GlobalAveragePool", [x], "aspp_pool_gap")
+    pooled = _conv_bn_act(b, pooled, in_channels, 256, "aspp_pool", "relu", kernel=1)
+    branches.append(resize(pooled, size, "aspp_pool_resize"))
+    y = b.op("Concat", branches, "aspp_concat", axis=1)
+    y = _conv_bn_act(b, y, 256 * len(branches), 256, "aspp_project", "relu", kernel=1)
+    y = _conv_bn_act(b, y, 256, 256, "head", "relu")
+    y = _conv(b, y, 256, num_classes, "classifier", kernel=1, bias=True)
+    out = size * upsample
+    b.output(resize(y, upsample, "upsample"), "logits", TensorProto.FLOAT, [batch, num_classes, out, out])
     return b.model()
 
 

@@ -250,11 +250,7 @@ def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref:
     _verify_wconst_once(plan, xs, not trivial, ws.size)
 
     def store(idx, v):
-        n, co, p = idx
-        val = f"{v} + {bref.at([co])}" if bref is not None else v
-        # the pixel's (h, w) from its flat index; an address h*W + w of a contiguous operand is that index
-        # again, which C compilers do not see (and then do not vectorize the epilogue): fold it back
-        return _FLAT_AGAIN.sub(r"\1", call.store([n, co, *_unflat(p, outs)], val))
+        return _pixel_store(call, bref, outs, idx, v)
 
     text, micro = print_c(f, {apk.ptr: apk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
                           call.target.lanes)
@@ -285,9 +281,7 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
     outs = [g.oh, g.ow]
 
     def store(idx, v):
-        n, co, p = idx
-        val = f"{v} + {bref.at([co])}" if bref is not None else v
-        return _FLAT_AGAIN.sub(r"\1", call.store([n, co, *_unflat(p, outs)], val))
+        return _pixel_store(call, bref, outs, idx, v)
 
     text, micro = print_c(f, {bpk.ptr: bpk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
                           call.target.lanes)
@@ -304,6 +298,17 @@ def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], s
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.n, plan.m)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue))
+
+
+def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], idx, v: str) -> str:
+    """The epilogue of element (image, channel, flat pixel) of a GEMM-form convolution: bias, then ``store``
+    at the pixel's (h, w). An address h*W + w of a contiguous operand is the flat index again, which C
+    compilers do not see (and then do not vectorize the epilogue): it is folded back."""
+    n, co, p = idx
+    val = f"{v} + {bref.at([co])}" if bref is not None else v
+    name = p if re.fullmatch(r"\w+", p) else call.names("px")
+    text = _FLAT_AGAIN.sub(r"\1", call.store([n, co, *_unflat(name, outs)], val))
+    return text if name == p else f"{{ const int64_t {name} = {p}; {text} }}"
 
 
 _FLAT_AGAIN = re.compile(r"\(\((\w+)\) / (\d+)\)\*\2 \+ \(\(\1\) % \2\)")
