@@ -158,6 +158,30 @@ def _machine_target(args: argparse.Namespace):
     return get_target(args.machine_target)
 
 
+def _stage_dumper(args: argparse.Namespace):
+    """``dlcc compile --print-after STAGE`` (stdout) and ``--dump-dir DIR`` (``NN-stage.txt`` per stage)."""
+    wanted = set(args.print_after or ())
+    if not wanted and not args.dump_dir:
+        return None
+    from dlcc.frontend.save import atomic_output
+
+    if args.dump_dir:
+        try:
+            Path(args.dump_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DlccError(f"cannot create the dump folder {args.dump_dir}: {e.strerror or e}") from None
+    count = [0]
+
+    def dump(stage: str, text: str) -> None:
+        if stage in wanted:
+            _out.out(f"; ---- after backend stage {stage} ----\n{text}")
+        if args.dump_dir:
+            with atomic_output(Path(args.dump_dir) / f"{count[0]:02d}-{stage}.txt") as f:
+                f.write(text + "\n")
+        count[0] += 1
+    return dump
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from dlcc.build.bundle import build_bundle, write_bundle
     from dlcc.compiler import build_artifacts
@@ -166,7 +190,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with _progress(f"compiling {args.model}") as update:
         art = build_artifacts(_pt2_or_path(args.model), input_shapes=shapes, fusion=args.fusion,
-                              on_stage=update, target=_machine_target(args), threads=args.threads)
+                              on_stage=update, target=_machine_target(args), threads=args.threads,
+                              on_ir=_stage_dumper(args))
         update("writing the bundle")
         out = write_bundle(art, args.output, source=str(Path(args.model).resolve()))
         if args.dump_kernel_ir:
@@ -672,7 +697,13 @@ def build_parser() -> argparse.ArgumentParser:
     machine_target_opt(p)
     p.add_argument("--portable", action="store_true", help="the same as --target generic")
     p.add_argument("--dump-kernel-ir", metavar="FILE", help="write the kernel IR (buffers with their arena offsets, "
-                   "kernels and their steps) to FILE")
+                   "kernels and their steps, the loop IR of the kernels built in it) to FILE")
+    from dlcc.compiler import BACKEND  # (the backend's stage names: the literal list of its stages)
+
+    stages = [n for n, _ in BACKEND]
+    p.add_argument("--print-after", action="append", metavar="STAGE", choices=stages,
+                   help=f"print the IR after the named backend stage (one of: {', '.join(stages)})")
+    p.add_argument("--dump-dir", metavar="DIR", help="write the IR after every backend stage into DIR")
     p.add_argument("--build", action="store_true", help="also run make (a cross compiler for another "
                    "architecture's target) and report the binary size")
     p.set_defaults(func=cmd_compile)

@@ -72,7 +72,11 @@ def _copy(model: ir.Model) -> ir.Model:
 def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                     level: int = 3, on_stage: Callable[[str], None] | None = None,
                     constants: Mapping[str, object] | None = None, target: Target | str | None = None,
-                    threads: int | None = None) -> Artifacts:
+                    threads: int | None = None, on_ir: Callable[[str, str], None] | None = None) -> Artifacts:
+    """Run the backend stages (``BACKEND``) on ``model``. ``on_stage(name)`` is told when each stage ends;
+    ``on_ir(name, listing)`` (``dlcc compile --print-after/--dump-dir``) also gets the IR the stage left:
+    the graph (load, optimize), the fusion groups, the kernel IR (lower, schedule, memory: with workspace
+    and arena offsets; codegen: with the loop IR of the kernels built in it)."""
     target = get_target(target)
     b = _Build(model, input_shapes, fusion, level, constants, target, default_threads(target, threads))
     timings: dict[str, float] = {}
@@ -81,10 +85,31 @@ def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None =
         step(b)
         now = time.perf_counter()
         timings[name] = now - t
-        t = now
+        if on_ir:
+            on_ir(name, stage_listing(name, b))
+        t = time.perf_counter()
         if on_stage:
             on_stage(name)
     return Artifacts(b.model, b.plan, b.program, b.memory, b.csource, timings, b.target, b.threads)
+
+
+def stage_listing(name: str, b: _Build) -> str:
+    """The IR the backend stage ``name`` left in ``b``, as text."""
+    if name in ("load", "optimize"):
+        from dlcc.passes.printer import format_model
+
+        return format_model(b.model)
+    if name == "fusion":
+        plan = b.plan
+        why = f"; {plan.reason}" if plan.reason else ""
+        lines = [f"fusion plan ({plan.planner}): {len(plan.groups)} groups{why}"]
+        for g in plan.groups:
+            lines.append(f"  g{g.id} {getattr(g.kind, 'name', g.kind)} anchor {g.anchor.op_type} ({g.anchor.name}): "
+                         + "+".join(n.op_type for n in g.nodes))
+        return "\n".join(lines)
+    from dlcc.lower.kir import print_program
+
+    return print_program(b.program, b.memory if name in ("memory", "codegen") else None)
 
 
 def default_threads(target: Target, threads: int | None = None) -> int:

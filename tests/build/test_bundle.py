@@ -151,3 +151,26 @@ def test_compile_dumps_the_kernel_ir(tmp_path, small_path) -> None:
                  str(dump)]) == 0
     text = dump.read_text()
     assert text.startswith("program: 1 kernels") and "template(Gemm) [Gemm+Relu]" in text and "output" in text
+
+
+def test_compile_prints_and_dumps_every_backend_stage(tmp_path, capsys) -> None:
+    """--print-after STAGE and --dump-dir reach every backend stage, the loop IR of codegen included."""
+    from dlcc.compiler import BACKEND
+    from dlcc.testing.models import mlp
+
+    model = tmp_path / "mlp.onnx"
+    onnx.save(mlp(batch=4, in_features=64, hidden=(64,), out_features=16), model)
+    dump = tmp_path / "ir"
+    capsys.readouterr()
+    assert main(["compile", str(model), "-o", str(tmp_path / "b"), "--dump-dir", str(dump), "--print-after",
+                 "schedule"]) == 0
+    out = capsys.readouterr().out
+    assert "after backend stage schedule" in out and "program:" in out
+    files = sorted(p.name for p in dump.iterdir())
+    assert files == [f"{i:02d}-{name}.txt" for i, (name, _) in enumerate(BACKEND)]
+    codegen = (dump / files[-1]).read_text()
+    assert "micro gemm_" in codegen and "workspace" in codegen  # the packed GEMM's loop IR
+    assert "fusion plan" in (dump / "02-fusion.txt").read_text()
+    with pytest.raises(SystemExit) as e:  # (argparse: a usage error, exit 2)
+        main(["compile", str(model), "-o", str(tmp_path / "c"), "--print-after", "nonsense"])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err

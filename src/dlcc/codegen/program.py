@@ -197,6 +197,7 @@ class _KernelGen:
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
                             lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro)
         code = TEMPLATES[node.op_type](call)
+        step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
 
 

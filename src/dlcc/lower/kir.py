@@ -81,6 +81,7 @@ class Step:
     copy: tuple[int, int] | None = None  # copy steps: (destination buffer, source buffer)
     scratch: int | None = None  # template steps whose destination is strided or not float32: an accumulator
     workspace: int | None = None  # template steps: the scratch buffer the schedule declared (packed operands)
+    loop_ir: str = ""  # template steps built in the loop-level IR: its listing (``lir.print_func``), by codegen
 
     def describe(self) -> str:
         ops = "+".join(n.op_type for n in self.nodes) or "-"
@@ -185,4 +186,5 @@ def print_program(p: Program, memory=None) -> str:
             outs = f"b{s.copy[0]} <- b{s.copy[1]}" if s.copy else ", ".join(f"b{p.value_buffer[v]}" for v in s.outputs)
             ws = f" (workspace b{s.workspace})" if s.workspace is not None else ""
             lines.append(f"    {s.describe()} -> {outs}{ws}")
+            lines += [f"      {line}" for line in s.loop_ir.splitlines()]
     return "\n".join(lines)

@@ -50,6 +50,7 @@ class TemplateCall:
     threads: int = 1  # the pool's size: >1 lets the template mark one top-level loop ``threads.par_for``
     workspace: TensorRef | None = None  # the scratch the schedule stage declared for this step (float32, 1-D)
     micro: set[str] = field(default_factory=set)  # micro-kernels the C calls (their bodies go in the prelude)
+    loop_ir: list[str] = field(default_factory=list)  # listings of the loop IR the template printed (dumps)
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);

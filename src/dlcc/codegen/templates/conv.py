@@ -36,7 +36,7 @@ from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent,
 from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
-from dlcc.lower.lir import Buf, Layout, verify_func
+from dlcc.lower.lir import Buf, Layout, print_func, verify_func
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -255,6 +255,7 @@ def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref:
     text, micro = print_c(f, {apk.ptr: apk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
                           call.target.lanes)
     call.micro.update(micro)
+    call.loop_ir.append(print_func(f))
     return text
 
 
@@ -286,6 +287,7 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
     text, micro = print_c(f, {bpk.ptr: bpk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
                           call.target.lanes)
     call.micro.update(micro)
+    call.loop_ir.append(print_func(f))
     return text
 
 

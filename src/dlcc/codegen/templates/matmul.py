@@ -25,7 +25,7 @@ from dlcc.codegen.expr import broadcast_index
 from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
-from dlcc.lower.lir import Buf, Layout, verify_func
+from dlcc.lower.lir import Buf, Layout, print_func, verify_func
 from dlcc.schedule.gemm import MIN_N, GemmPlan, gemm_func, pack_b, plan_gemm
 
 NB_MAX = 256
@@ -116,6 +116,7 @@ class _Gemm:
         text, micro = print_c(f, {aref.ptr: aref.ptr, packed.ptr: packed.ptr, c.ptr: c.ptr, wsb.name: ws.base()},
                               store, call.target.lanes)
         call.micro.update(micro)
+        call.loop_ir.append(print_func(f))
         return text
 
     # -- B access for the panel kernel
