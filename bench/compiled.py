@@ -1,8 +1,8 @@
-"""Benchmark: compiled latency and memory of dlcc against onnxruntime, on the light and test-kit models.
+"""Benchmark: compiled latency and memory of dlcc against onnxruntime, on the light, test-kit and sized models.
 
-What goes in: the nine light models of the onnx wheel and the dlcc.testing kit models (seeded random
-weights), compiled with ``dlcc.compile`` (level 3 for the dlcc-c target, ``--fusion auto``, -O3
--march=native).
+What goes in: the nine light models of the onnx wheel, the dlcc.testing kit models (seeded random
+weights) and the models at real sizes built in code (``SIZED``: a BERT-base encoder and eight CNNs),
+compiled with ``dlcc.compile`` (level 3 for the dlcc-c target, ``--fusion auto``, -O3 -march=native).
 What comes out: per model, the compile time, the kernel count, the max error against onnxruntime
 (relative to the output's scale), the latency of dlcc and of onnxruntime (1 thread, all graph
 optimizations on; best of N runs after warm-up, both measured in the same process, interleaved), their
@@ -32,7 +32,17 @@ import dlcc  # noqa: E402
 from dlcc.build.probe import fma_peak_gflops  # noqa: E402
 from dlcc.check import _session, diff, random_inputs  # noqa: E402
 from dlcc.testing import KIT_MODELS, LIGHT_MODELS, light_model, randomize  # noqa: E402
-from dlcc.testing.models import transformer_encoder_block  # noqa: E402
+from dlcc.testing.models import (  # noqa: E402
+    convnext_block_stack,
+    deeplabv3_head,
+    efficientnet_b0,
+    mobilenet_v2,
+    mobilenet_v3_small,
+    resnet18,
+    shufflenet_v2,
+    squeezenet,
+    transformer_encoder_block,
+)
 from machine import write_section  # noqa: E402
 
 # VmHWM, reset after the session is created (clear_refs 5), so the growth is what the run itself needs
@@ -67,11 +77,25 @@ def _ort_peak(proto, feeds, tmp: Path) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
-# models at real sizes, built in code (seeded random weights)
+# models at real sizes, built in code (seeded random weights); the CNNs are the torchvision architectures
+# layer for layer (BatchNormalization kept), batch 1, float32 [1, 3, 224, 224] images, opset 17. Their names
+# must not be LIGHT_MODELS names (``_model`` looks those up first): hence "squeezenet1_1".
 SIZED = {
     # BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN 3072, sequence 128, batch 1
     "bert_base_enc": lambda: transformer_encoder_block(batch=1, seq=128, vocab=1000, d_model=768, heads=12,
                                                       ffn=3072, layers=12),
+    "mobilenet_v2": mobilenet_v2,  # width 1.0, 3.50M parameters, 0.60 GFLOP
+    "mobilenet_v3_small": mobilenet_v3_small,  # 2.54M parameters, 0.11 GFLOP
+    "efficientnet_b0": efficientnet_b0,  # 5.29M parameters, 0.77 GFLOP
+    "resnet18": resnet18,  # 11.7M parameters, 3.6 GFLOP
+    "shufflenet_v2": shufflenet_v2,  # x1.0, 2.28M parameters, 0.29 GFLOP
+    "squeezenet1_1": squeezenet,  # 1.24M parameters, 0.70 GFLOP (the light "squeezenet" is version 1.0)
+    # ConvNeXt-T's stem and first two stages (3 blocks at 96 channels 56x56, 3 at 192 28x28), pool + FC:
+    # 1.43M parameters, 3.1 GFLOP
+    "convnext_block_stack": convnext_block_stack,
+    # DeepLabV3's ASPP head on output-stride-8 ResNet features [1, 2048, 28, 28], 21 classes, upsampled x8 to
+    # 224x224: 16.1M parameters, 24.5 GFLOP
+    "deeplabv3_head": deeplabv3_head,
 }
 
 

@@ -15,12 +15,20 @@ from dlcc.testing import (
     KIT_MODELS,
     attention_block,
     conv_bn_relu_stack,
+    convnext_block_stack,
+    deeplabv3_head,
     depthwise_separable_block,
+    efficientnet_b0,
     gelu_erf,
     gelu_tanh,
     layernorm_primitive,
     mlp,
+    mobilenet_v2,
+    mobilenet_v3_small,
     residual_block,
+    resnet18,
+    shufflenet_v2,
+    squeezenet,
     transformer_encoder_block,
 )
 
@@ -234,3 +242,73 @@ def test_builders_are_deterministic_and_seeded():
     assert mlp(seed=1).SerializeToString() != mlp().SerializeToString()
     with pytest.raises(ValueError):
         layernorm_primitive(opset=16)
+
+
+# ----------------------------------------------------------------------- real architectures at real sizes
+
+# (builder, torchvision's published parameter count: BatchNormalization statistics are buffers, not
+# parameters; the ConvNeXt and DeepLab figures are this kit's partial models, counted by hand)
+SIZED = {
+    "mobilenet_v2": (mobilenet_v2, 3_504_872),
+    "mobilenet_v3_small": (mobilenet_v3_small, 2_542_856),
+    "efficientnet_b0": (efficientnet_b0, 5_288_548),
+    "resnet18": (resnet18, 11_689_512),
+    "shufflenet_v2": (shufflenet_v2, 2_278_604),
+    "squeezenet": (squeezenet, 1_235_496),
+    "convnext_block_stack": (convnext_block_stack, 1_428_424),
+    "deeplabv3_head": (deeplabv3_head, 16_130_845),
+}
+
+
+def parameters(model: onnx.ModelProto) -> int:
+    """Float initializer elements, BatchNormalization running mean and variance excluded."""
+    stats = {i for n in model.graph.node if n.op_type == "BatchNormalization" for i in n.input[3:5]}
+    return sum(v.size for k, v in initializers(model).items() if v.dtype == np.float32 and k not in stats)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SIZED))
+def test_sized_model_is_valid_static_full_size_and_runs(name):
+    builder, params = SIZED[name]
+    model = builder()
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version == 8 and [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert parameters(model) == params
+    shapes = inferred_shapes(model)
+    produced = [o for n in model.graph.node for o in n.output]
+    assert all(v in shapes and all(isinstance(d, int) and d > 0 for d in shapes[v]) for v in produced)
+    (inp,) = model.graph.input
+    assert [d.dim_value for d in inp.type.tensor_type.shape.dim] == \
+        ([1, 2048, 28, 28] if name == "deeplabv3_head" else [1, 3, 224, 224])
+    (out,) = run_ort(model, random_inputs(model, seed=0)).values()
+    assert out.shape == ((1, 21, 224, 224) if name == "deeplabv3_head" else (1, 1000))
+    assert np.isfinite(out).all() and np.ptp(out) > 0
+    assert 0.05 < float(np.sqrt(np.mean(out.astype(np.float64) ** 2))) < 100, "activations drifted"
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def test_sized_model_structure():
+    c = ops(mobilenet_v2())
+    assert c["Conv"] == 52 and c["BatchNormalization"] == 52 and c["Clip"] == 35 and c["Add"] == 10
+    c = ops(mobilenet_v3_small())
+    assert c["HardSigmoid"] == 9 and c["HardSwish"] == 19 and c["Add"] == 6 and c["GlobalAveragePool"] == 10
+    hs = next(n for n in mobilenet_v3_small().graph.node if n.op_type == "HardSigmoid")
+    assert math.isclose(_attr(hs, "alpha"), 1 / 6, rel_tol=1e-6) and _attr(hs, "beta") == 0.5
+    c = ops(efficientnet_b0())
+    assert c["Sigmoid"] == c["Mul"] == 65 and c["GlobalAveragePool"] == 17 and c["Add"] == 9
+    c = ops(resnet18())
+    assert c["Conv"] == 20 and c["Add"] == 8 and c["MaxPool"] == 1
+    c = ops(shufflenet_v2())
+    assert c["Split"] == 13 and c["Concat"] == c["Transpose"] == 16 and c["Reshape"] == 32
+    c = ops(squeezenet())
+    assert c["Concat"] == 8 and c["MaxPool"] == 3 and "BatchNormalization" not in c
+    c = ops(convnext_block_stack())
+    assert c["LayerNormalization"] == 9 and c["Erf"] == 6 and c["MatMul"] == 12
+    model = deeplabv3_head()
+    dilations = sorted(_attr(n, "dilations", [1, 1])[0] for n in model.graph.node if n.op_type == "Conv")
+    assert dilations == [1] * 5 + [12, 24, 36]
+    resizes = [n for n in model.graph.node if n.op_type == "Resize"]
+    assert len(resizes) == 2 and all(_attr(n, "mode") == b"linear" for n in resizes)
