@@ -35,7 +35,8 @@ from dlcc.lower.lir import (
     split,
     verify_func,
 )
-from dlcc.lower.micro import gemm_micro, gemmt_micro, im2col_micro
+from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmt_micro, im2col_micro
+from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     ConvGeometry,
     gemm_func,
@@ -376,3 +377,37 @@ def test_im2col_micro_kernel_matches_its_contract(target):
                 fn.argtypes = [i64, i64, i64, i64, ptr, ptr]
                 fn(kc, k0, p0, rows, x.ctypes.data_as(ptr), got.ctypes.data_as(ptr))
                 np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_depthwise_plane_micro_kernel_and_loop_ir(target):
+    """The depthwise plane micro-kernel's C against its contract, and the loop IR (threads over channels)
+    against a float64 depthwise convolution."""
+    t = get_target(target)
+    rng = np.random.default_rng(7)
+    for c, h, w, k, s, d, pad in [(3, 9, 8, 3, 1, 1, 1), (4, 11, 12, 5, 2, 1, 2), (2, 7, 7, 3, 2, 2, 2),
+                                  (3, 3, 3, 3, 1, 1, 0)]:
+        x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+        wt = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+        ref = np.stack([_conv_ref(x[:, i:i + 1], wt[i:i + 1], (s, s), (d, d), (pad, pad))[0, 0] for i in range(c)])
+        oh, ow = ref.shape[1:]
+        g = ConvGeometry(c, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+        xb = Buf("x", "float32", Layout.strided((1, c, h, w)))
+        wb = Buf("w", "float32", Layout.strided((c, k * k)))
+        cb = Buf("c", "float32", Layout.strided((1, c, oh, ow)))
+        f = dw_func(g, 1, xb, wb, cb, True, threads=2)
+        verify_func(f)
+        out = np.full(c * oh * ow, np.nan, np.float32)
+        run_func(f, {"x": x.ravel().copy(), "w": wt.reshape(c, -1).ravel().copy(), "c": out})
+        np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)
+        name = dwconv_micro(h, w, oh, ow, k, k, s, s, d, d, pad, pad, w)
+        src = (PRELUDE + vector_helpers(t.lanes) + "\n" + micro_c(name, t.lanes)
+               + f"void w_(const float* x, const float* w, float* o) {{ dlcc_uk_{name}(x, w, o); }}\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = _build(src, tmp, t)
+            got = np.full(oh * ow, np.nan, np.float32)
+            ptr = ctypes.c_void_p
+            lib.w_.argtypes = [ptr, ptr, ptr]
+            lib.w_(x[0, 1].ctypes.data_as(ptr), np.ascontiguousarray(wt[1].ravel()).ctypes.data_as(ptr),
+                   got.ctypes.data_as(ptr))
+        np.testing.assert_allclose(got.reshape(oh, ow), ref[1], rtol=1e-5, atol=1e-5)

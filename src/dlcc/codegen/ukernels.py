@@ -25,6 +25,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
+_DWPLANE = re.compile(r"dwplane_(\d+(?:_\d+){12})$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -32,6 +33,9 @@ def micro_c(name: str, lanes: int) -> str:
     m = _IM2COL.match(name)
     if m is not None:
         return _im2col(name, *(int(v) for v in m.group(1).split("_")))
+    m = _DWPLANE.match(name)
+    if m is not None:
+        return _dwplane(name, *(int(v) for v in m.group(1).split("_")))
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
@@ -113,6 +117,39 @@ def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: i
             r += seg;
             ox = 0;
             ++oy;
+        }}
+    }}
+}}
+"""
+
+
+def _dwplane(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
+             ph: int, pw: int, xh: int) -> str:
+    """One output plane of a depthwise convolution (contract: ``lower.micro.dwconv_micro``), the geometry in
+    constants. Per output row and kernel row inside the plane: the columns whose every tap is inside (a
+    compile-time range) run as one loop of kw FMAs on loads at constant offsets (contiguous at stride 1: it
+    vectorizes); the edge columns test each tap."""
+    lo = min(ow, -(-pw // sw))  # first ox whose leftmost tap is inside
+    last = w - 1 + pw - (kw - 1) * dw
+    hi = max(lo, min(ow, last // sw + 1 if last >= 0 else 0))
+    taps = " + ".join(f"w{kx} * r[ox * {sw} + {kx * dw - pw}]" for kx in range(kw))
+    edge = (f"for (int64_t kx = 0; kx < {kw}; ++kx) {{ const int64_t ix = ox * {sw} + kx * {dw} - {pw}; "
+            f"if (ix >= 0 && ix < {w}) s += wr[kx] * r[ix]; }}")
+    wdecl = " ".join(f"const float w{kx} = wr[{kx}];" for kx in range(kw))
+    return f"""static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{
+    for (int64_t oy = 0; oy < {oh}; ++oy) {{
+        float* restrict o = out + oy * {ow};
+        const int64_t iy0 = oy * {sh} - {ph};
+        for (int64_t ox = 0; ox < {ow}; ++ox) o[ox] = 0.0f;
+        for (int64_t ky = 0; ky < {kh}; ++ky) {{
+            const int64_t iy = iy0 + ky * {dh};
+            if (iy < 0 || iy >= {h}) continue;
+            const float* restrict r = x + iy * {xh};
+            const float* restrict wr = wt + ky * {kw};
+            {wdecl}
+            for (int64_t ox = {lo}; ox < {hi}; ++ox) o[ox] += {taps};
+            for (int64_t ox = 0; ox < {lo}; ++ox) {{ float s = 0.0f; {edge} o[ox] += s; }}
+            for (int64_t ox = {hi}; ox < {ow}; ++ox) {{ float s = 0.0f; {edge} o[ox] += s; }}
         }}
     }}
 }}

@@ -18,7 +18,7 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["gemm_micro", "gemmt_micro", "im2col_micro"]
+__all__ = ["dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -112,4 +112,39 @@ def im2col_micro(h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh
     MICRO[name] = MicroKernel(
         name, (("kc", "int"), ("k0", "int"), ("p0", "int"), ("rows", "int"), ("x", "in"), ("ws", "out")),
         "ws[kk*rows + r] = im2col(p0 + r, k0 + kk), zero in the padding", footprint, reference)
+    return name
+
+
+def dwconv_micro(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int,
+                 pw: int, xh: int) -> str:
+    """The name of one output plane of a depthwise (one channel) convolution, registering its contract.
+
+    dwplane_...(x, w, out): out[oy*ow + ox] = sum_{ky, kx} w[ky*kw + kx] * x[iy*xh + ix] over the taps inside
+    the h x w plane, iy = oy*sh + ky*dh - ph, ix = ox*sw + kx*dw - pw (0 where no tap is inside)."""
+    geo = (h, w, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, xh)
+    name = "dwplane_" + "_".join(str(v) for v in geo)
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        return {"x": (1, 0, (h - 1) * xh + w), "w": (1, 0, kh * kw), "out": (1, 0, oh * ow)}
+
+    def reference(arrays, offsets, s) -> None:
+        x, xo = arrays["x"], offsets["x"]
+        wt = arrays["w"][offsets["w"]:offsets["w"] + kh * kw].astype(np.float64)
+        out, oo = arrays["out"], offsets["out"]
+        for oy in range(oh):
+            for ox in range(ow):
+                acc = 0.0
+                for ky in range(kh):
+                    for kx in range(kw):
+                        iy, ix = oy * sh + ky * dh - ph, ox * sw + kx * dw - pw
+                        if 0 <= iy < h and 0 <= ix < w:
+                            acc += wt[ky * kw + kx] * float(x[xo + iy * xh + ix])
+                out[oo + oy * ow + ox] = acc
+
+    MICRO[name] = MicroKernel(
+        name, (("x", "in"), ("w", "in"), ("out", "out")),
+        "out[oy*ow + ox] = sum over the taps inside the plane of w[ky*kw + kx] * x[iy*xh + ix]", footprint,
+        reference)
     return name

@@ -37,6 +37,7 @@ from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
 from dlcc.lower.lir import Buf, Layout, print_func, verify_func
+from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -183,6 +184,11 @@ def conv(call: TemplateCall) -> str:
         if (i + a + e - ((k - 1) * d + 1)) // s + 1 != o:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
     pointwise = all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
+    if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None
+            and xref.strides[-1] == 1 and call.scratch.contiguous):
+        g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
+                         dils[1], pb[0], pb[1])
+        return _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
     gemm_ok = group == 1 and w.const is not None and call.workspace is not None and call.scratch.contiguous
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
@@ -300,6 +306,38 @@ def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], s
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.n, plan.m)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue))
+
+
+def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None, g: ConvGeometry) -> str:
+    """A depthwise convolution (one channel per group) in the loop IR (``schedule.dwconv``): per channel, the
+    plane micro-kernel, then bias and the fused epilogue over the plane."""
+    N, c = xref.shape[0], call.scratch
+    wpk = call.packed(w2)
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    wt = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh, g.ow), None, c.offset))
+    trivial = call.direct and bref is None
+    f = dw_func(g, N, x, wt, cb, not trivial, call.threads, fresh=call.names)
+    _verify_dw_once(g, N, xref.shape, xref.strides, not trivial, call.threads)
+
+    def store(idx, v):
+        n, ch, oy, ox = idx
+        val = f"{v} + {bref.at([ch])}" if bref is not None else v
+        return call.store([n, ch, oy, ox], val)
+
+    text, micro = print_c(f, {wpk.ptr: wpk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr}, store, call.target.lanes)
+    call.micro.update(micro)
+    call.loop_ir.append(print_func(f))
+    return text
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_dw_once(g: ConvGeometry, batch: int, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
+                    threads: int) -> None:
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    wt = Buf("w", "float32", Layout.strided((g.ci, g.kh * g.kw)))
+    c = Buf("c", "float32", Layout.strided((batch, g.ci, g.oh, g.ow)))
+    verify_func(dw_func(g, batch, x, wt, c, epilogue, threads))
 
 
 def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], idx, v: str) -> str:
