@@ -129,6 +129,8 @@ def _dwplane(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: 
     constants. Per output row and kernel row inside the plane: the columns whose every tap is inside (a
     compile-time range) run as one loop of kw FMAs on loads at constant offsets (contiguous at stride 1: it
     vectorizes); the edge columns test each tap."""
+    if sh == sw == 1 and ow == w == xh and oh * ow <= DW_FLAT_MAX:
+        return _dwflat(name, h, w, oh, ow, kh, kw, dh, dw, ph, pw, xh)
     lo = min(ow, -(-pw // sw))  # first ox whose leftmost tap is inside
     last = w - 1 + pw - (kw - 1) * dw
     hi = max(lo, min(ow, last // sw + 1 if last >= 0 else 0))
@@ -154,3 +156,38 @@ def _dwplane(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: 
     }}
 }}
 """
+
+
+DW_FLAT_MAX = 4096  # planes up to this many pixels take the flat form (a mask table of kw * pixels bytes)
+
+
+def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: int, dw: int, ph: int, pw: int,
+            xh: int) -> str:
+    """The plane of a stride-1 depthwise convolution whose output rows are as long as the input's (``ow ==
+    w``): a tap (ky, kx) reads the input at the constant flat offset (ky*dh - ph)*xh + kx*dw - pw from the
+    output pixel, so each tap is one loop over the pixels of its valid output rows (compile-time bounds), a
+    per-column mask table zeroing the columns whose tap falls outside the row (the read then lands in the
+    neighbouring row, or is skipped where it would leave the plane). No per-row edge code: small planes
+    (7x7, 14x14) vectorize whole. Needs contiguous input rows (xh == w)."""
+    n = oh * ow
+    masks, loops = [], []
+    for kx in range(kw):
+        dx = kx * dw - pw
+        cols = [1 if 0 <= ox + dx < w else 0 for ox in range(ow)]
+        masks.append(f"static const unsigned char m{kx}[{n}] = {{{', '.join(str(v) for v in cols * oh)}}};")
+    last = (h - 1) * xh + w - 1
+    for ky in range(kh):
+        dy = ky * dh - ph
+        oy0, oy1 = max(0, -dy), min(oh, h - dy)
+        if oy0 >= oy1:
+            continue
+        for kx in range(kw):
+            off = dy * xh + kx * dw - pw
+            # pixels whose flat read leaves the plane have their tap outside the row: masked anyway
+            p0, p1 = max(oy0 * ow, -off), min(oy1 * ow, last + 1 - off)
+            if p0 < p1:
+                loops.append(f"{{ const float wk = wt[{ky * kw + kx}];\n"
+                             f"  for (int64_t p = {p0}; p < {p1}; ++p) out[p] += m{kx}[p] ? wk * x[p + {off}] : 0.0f;\n}}")
+    body = "\n".join([*masks, f"for (int64_t p = 0; p < {n}; ++p) out[p] = 0.0f;", *loops])
+    return (f"static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{\n"
+            f"{indent(body)}\n}}\n")
