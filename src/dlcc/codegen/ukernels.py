@@ -187,7 +187,8 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
             p0, p1 = max(oy0 * ow, -off), min(oy1 * ow, last + 1 - off)
             if p0 < p1:
                 loops.append(f"{{ const float wk = wt[{ky * kw + kx}];\n"
-                             f"  for (int64_t p = {p0}; p < {p1}; ++p) out[p] += m{kx}[p] ? wk * x[p + {off}] : 0.0f;\n}}")
+                             f"  for (int64_t p = {p0}; p < {p1}; ++p) "
+                             f"out[p] += m{kx}[p] ? wk * x[p + {off}] : 0.0f;\n}}")
     body = "\n".join([*masks, f"for (int64_t p = 0; p < {n}; ++p) out[p] = 0.0f;", *loops])
     return (f"static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{\n"
             f"{indent(body)}\n}}\n")
