@@ -44,9 +44,9 @@ from dlcc.lower.lir import (
 from dlcc.lower.micro import gemm_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.target import Target
 
-__all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_func",
-           "gemm_func_conv", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm", "plan_gemm_conv",
-           "plan_gemm_wconst"]
+__all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_batched_dims",
+           "gemm_func", "gemm_func_batched", "gemm_func_conv", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm",
+           "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst"]
 
 MIN_N = 8  # below this many columns a product is a set of dot products (the matmul template's other path)
 
@@ -62,7 +62,8 @@ class GemmPlan:
     nc: int  # column micro-panels per column block
     tm: int  # threads over row micro-panels
     tn: int  # threads over column micro-panels
-    pack: str = "a"  # run-time packing into workspace: "a" (B is a weight), "b" (A is a weight), "i" (im2col)
+    pack: str = "a"  # run-time packing into workspace: "a" (B is a weight), "b" (A is a weight), "i" (im2col),
+    # "ab" (both computed at run time, batched)
     batch: int = 1  # "b": products with the same A, one after the other (a convolution's images)
 
     @property
@@ -99,6 +100,8 @@ class GemmPlan:
         block of B; "i": one row micro-panel of the implicit im2col matrix."""
         if self.pack == "b":
             return self.kc * self.nc * self.nr
+        if self.pack == "ab":  # B's K block, then one row micro-panel of A
+            return self.kc * (self.col_panels * self.nr + self.mr)
         if self.pack == "i":  # one row micro-panel, or all the thread's when B is blocked by columns
             return self.kc * self.mr * (self.rows_per_thread() if self.col_panels > self.nc else 1)
         return self.rows_per_thread() * self.mr * self.kc
@@ -112,7 +115,9 @@ def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmP
     lanes = target.lanes
     nvec = 3 if target.arch == "aarch64" else 2
     nr = nvec * lanes
-    mr = max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
+    mr_max = max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
+    # the rows per tile that waste least on the last, partial tile (128 rows: 13, not 14 = 9 tiles + 2 rows)
+    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1), key=lambda r: (-(-m // r) * r, -r))
     mr = min(mr, max(1, m))
     kc_max = max(64, (target.l1d_bytes // 2) // (4 * mr) // 16 * 16)
     kc = -(-k // -(-k // kc_max))  # balanced blocks
@@ -409,3 +414,71 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))
+
+
+def plan_gemm_batched(batch: int, m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmPlan:
+    """The plan of ``C[b] = A[b] @ B[b]`` with both operands computed at run time (attention's Q K^T and
+    P V): threads over the batch (heads); per product, B's K block packed whole (all its column panels)
+    and A one row micro-panel at a time, into the thread's workspace."""
+    p = plan_gemm(m, n, k, target, 1)
+    t = threads if threads > 1 and batch >= threads and 2.0 * m * n * k * batch >= 2e6 else 1
+    return GemmPlan(m, n, k, p.mr, p.nr, p.kc, p.nc, t, 1, "ab", batch)
+
+
+def gemm_func_batched(p: GemmPlan, a: Buf, b: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "gemm_batched",
+                      fresh: Callable[[str], str] = str) -> Func:
+    """The loop IR of ``c[q] = a[q] @ b[q]`` for q < p.batch: ``a`` (batch, M, K) and ``b`` (batch, K, N) any
+    strides (a transposed view is read as it is: the packing absorbs it), ``c`` (batch, M, N) with unit
+    column stride. The thread's workspace slice holds B's packed K block (col_panels x kc x nr) then one
+    packed row micro-panel of A (kc x mr)."""
+    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
+    t, q, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "q", "pc", "ib", "jp", "kk", "r", "j"))
+    tv: Expr = t if T > 1 else Const(0)
+    q0, q1 = (simplify(tv * p.batch // T), simplify((tv + 1) * p.batch // T)) if T > 1 else (Const(0), Const(p.batch))
+    k0 = pc * KC
+    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
+    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
+    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+    bbase = simplify(tv * p.workspace_floats)
+    abase = simplify(bbase + NP * KC * NR)
+    bpanel = simplify(bbase + jp * (KC * NR))
+    pack_b_ = For(jp, Const(0), Const(NP), (For(kk, Const(0), kcv, (For(j, Const(0), cols, (
+        Store(ws, (bpanel + kk * NR + j,), Load(b, (q, k0 + kk, jp * NR + j))),), "vectorized"),)),))
+    pack_a_ = For(kk, Const(0), kcv, (For(r, Const(0), rows, (
+        Store(ws, (abase + kk * rows + r,), Load(a, (q, ib * MR + r, k0 + kk))),)),))
+
+    def tile(mr: int) -> tuple[Stmt, ...]:
+        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
+        call = Micro(gemm_micro(mr, NR), (kcv, Ptr(ws, (abase,)), Ptr(ws, (bpanel,)), Ptr(c, (q, ib * MR, jp * NR)),
+                                          Const(c.layout.dims[1][3]), acc, cols))
+        if not epilogue:
+            return (call,)
+        row = ib * MR + r
+        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
+        ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue((q, row, j), Load(c, (q, row, j))),),
+                                             "vectorized"),))
+        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
+
+    tail = M % MR
+    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    per_k = (pack_b_, For(ib, Const(0), Const(MB), (pack_a_, For(jp, Const(0), Const(NP), tiles))))
+    body: tuple[Stmt, ...] = (For(q, q0, q1, (For(pc, Const(0), Const(NK), per_k),)),)
+    if T > 1:
+        body = (For(t, Const(0), Const(T), body, "parallel"),)
+    return Func(name, (a, b, c), (Alloc(ws, body),), (ws,))
+
+
+def gemm_batched_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of a MatMul of two run-time operands that ``gemm_func_batched`` computes: both at
+    least 2-D with the same batch dims (no broadcasting), at least MIN_N columns."""
+    if len(a_shape) < 2 or len(a_shape) != len(b_shape) or a_shape[:-2] != b_shape[:-2]:
+        return None
+    m, k = a_shape[-2:]
+    k2, n = b_shape[-2:]
+    if k != k2 or n < MIN_N or min(m, k) < 1:
+        return None
+    batch = 1
+    for d in a_shape[:-2]:
+        batch *= d
+    return (batch, m, n, k) if batch >= 1 else None

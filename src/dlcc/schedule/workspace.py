@@ -18,8 +18,10 @@ from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
     conv_gemm_pays,
+    gemm_batched_dims,
     gemm_dims,
     plan_gemm,
+    plan_gemm_batched,
     plan_gemm_conv,
     plan_gemm_wconst,
 )
@@ -93,6 +95,9 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
     if a.shape is None or b.shape is None:
         return 0
     attrs = {k: v.value for k, v in node.attributes.items()}
+    if node.op_type == "MatMul" and not is_const(b):  # both operands computed at run time (attention)
+        bd = gemm_batched_dims(_shape(a), _shape(b))
+        return plan_gemm_batched(*bd, target, threads).workspace_bytes if bd else 0
     dims = gemm_dims(node.op_type, _shape(a), _shape(b), is_const(b), attrs)
     return plan_gemm(*dims, target, threads).workspace_bytes if dims else 0
 

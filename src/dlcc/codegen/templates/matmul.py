@@ -26,7 +26,15 @@ from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
 from dlcc.lower.lir import Buf, Layout, print_func, verify_func
-from dlcc.schedule.gemm import MIN_N, GemmPlan, gemm_func, pack_b, plan_gemm
+from dlcc.schedule.gemm import (
+    MIN_N,
+    GemmPlan,
+    gemm_func,
+    gemm_func_batched,
+    pack_b,
+    plan_gemm,
+    plan_gemm_batched,
+)
 
 NB_MAX = 256
 DOT_N = 8  # below this many output columns, use dot products along k
@@ -50,7 +58,8 @@ class _Gemm:
 
     def __init__(self, call: TemplateCall, batch: tuple[int, ...], m: int, n: int, k: int, a_at, b_runtime,
                  b_const: np.ndarray | None, b_batch: tuple[int, ...], b_ref: TensorRef | None, epilogue,
-                 a_rows: tuple[TensorRef, int, int] | None = None, trivial_epilogue: bool = False):
+                 a_rows: tuple[TensorRef, int, int] | None = None, trivial_epilogue: bool = False,
+                 ab_refs: tuple[TensorRef, TensorRef] | None = None):
         self.call, self.names = call, call.names
         self.batch, self.m, self.n, self.k = batch, m, n, k
         self.a_at = a_at  # (bidx, i, k) -> C expr
@@ -61,11 +70,12 @@ class _Gemm:
         self.epilogue = epilogue  # (bidx, i, j, value) -> C statements
         self.a_rows = a_rows  # A as (ref, row stride, column stride) over all rows of all batches, if it can be
         self.trivial = trivial_epilogue  # the epilogue only stores the value where the product is accumulated
+        self.ab_refs = ab_refs  # both operands' buffers ([*batch, m, k], [*batch, k, n]) when B is not a weight
 
     def code(self) -> str:
         if self.m == 0 or self.n == 0 or math.prod(self.batch) == 0:
             return ""
-        packed = self._packed_lir()
+        packed = self._packed_lir() if self.b_const is not None else self._batched_lir()
         if packed is not None:
             return packed
         body = self._dot if self.n < DOT_N else self._panels
@@ -117,6 +127,42 @@ class _Gemm:
                               store, call.target.lanes)
         call.micro.update(micro)
         call.loop_ir.append(print_func(f))
+        return text
+
+    # -- two run-time operands (attention): the batched packed GEMM of the loop IR
+    def _batched_lir(self) -> str | None:
+        call = self.call
+        ws, c = call.workspace, call.scratch
+        if self.ab_refs is None or ws is None or self.n < MIN_N or not c.contiguous:
+            return None
+        aref, bref = self.ab_refs
+        lead = len(self.batch)
+        a3, b3 = _batch3(aref, lead), _batch3(bref, lead)
+        if a3 is None or b3 is None:
+            return None
+        nb = math.prod(self.batch)
+        plan = plan_gemm_batched(nb, self.m, self.n, self.k, call.target, call.threads)
+        if plan.workspace_bytes > 4 * ws.size:
+            return None
+        names = call.names
+        a = Buf(aref.ptr, "float32", Layout.strided((nb, self.m, self.k), a3, aref.offset))
+        b = Buf(bref.ptr, "float32", Layout.strided((nb, self.k, self.n), b3, bref.offset))
+        cb = Buf(c.ptr, "float32", Layout.strided((nb, self.m, self.n), None, c.offset))
+        wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+        f = gemm_func_batched(plan, a, b, cb, wsb, not self.trivial, fresh=names)
+        _verify_batched_once(plan, a3, b3, not self.trivial, ws.size)
+        batch, m = self.batch, self.m
+
+        def store(idx, v):
+            q = idx[0]
+            bidx = ["0" if d == 1 else f"(({q}) / {math.prod(batch[i + 1:])}) % {d}" for i, d in enumerate(batch)]
+            return self.epilogue(bidx, idx[1], idx[2], v)
+
+        ptrs = {aref.ptr: aref.ptr, bref.ptr: bref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}
+        text, micro = print_c(f, ptrs, store, call.target.lanes)
+        call.micro.update(micro)
+        call.loop_ir.append(print_func(f))
+        del m
         return text
 
     # -- B access for the panel kernel
@@ -273,6 +319,27 @@ def _verify_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bool, ws_
     verify_func(gemm_func(plan, a, bp, c, ws, epilogue))
 
 
+def _batch3(ref: TensorRef, lead: int) -> tuple[int, int, int] | None:
+    """The strides of ``ref`` ([*batch, r, c], ``lead`` batch dims) as (batch, r, c) when its batch dims flatten
+    into one stride."""
+    dims = [(d, s) for d, s in zip(ref.shape[:lead], ref.strides[:lead], strict=True) if d != 1]
+    for (_, s0), (d1, s1) in zip(dims, dims[1:], strict=False):
+        if s0 != s1 * d1:
+            return None
+    sb = dims[-1][1] if dims else 0
+    return sb, ref.strides[-2], ref.strides[-1]
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_batched_once(plan: GemmPlan, a3: tuple[int, int, int], b3: tuple[int, int, int], epilogue: bool,
+                         ws_floats: int) -> None:
+    a = Buf("a", "float32", Layout.strided((plan.batch, plan.m, plan.k), a3))
+    b = Buf("b", "float32", Layout.strided((plan.batch, plan.k, plan.n), b3))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.m, plan.n)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(gemm_func_batched(plan, a, b, c, ws, epilogue))
+
+
 def _rows(ref: TensorRef | None, lead: int) -> tuple[TensorRef, int, int] | None:
     """``ref`` ([*batch, m, k] with ``lead`` = len(batch) + 1 leading dims, or [k]) as one matrix of rows:
     (ref, row stride, column stride), when its leading dims flatten into one stride."""
@@ -340,7 +407,11 @@ def matmul(call: TemplateCall) -> str:
         if not b1 and b.ref is not None and b.ref.contiguous:
             b_ref = b.ref
     a_rows = _rows(a.ref, len(ash) - 1) if len(a_batch) == len(batch) or not a_batch else None
-    return _Gemm(call, batch, m, n, k, a_at, b_at, b_const, b_batch, b_ref, epilogue, a_rows, call.direct).code()
+    ab_refs = None
+    if b.const is None and not a1 and not b1 and a.ref is not None and b.ref is not None and a_batch == b_batch:
+        ab_refs = (a.ref, b.ref)
+    return _Gemm(call, batch, m, n, k, a_at, b_at, b_const, b_batch, b_ref, epilogue, a_rows, call.direct,
+                 ab_refs).code()
 
 
 @register("Gemm", needs_buffers=True)
