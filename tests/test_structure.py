@@ -31,10 +31,6 @@ LEVEL |= {name: len(STAGES) + 1 for name in TOP}
 # Edges allowed although they point upwards, each with the reason it is still there. The test fails when
 # an entry is no longer needed, so this list only shrinks.
 KNOWN: dict[tuple[str, str], str] = {
-    ("dlcc.lower.lower", "codegen"): (
-        "lowering asks codegen's emitter registries (expr.ELEMENTWISE/INDEXED, templates.TEMPLATES/"
-        "NEEDS_BUFFERS, registered by importing codegen.injective) which ops it can print; moving that "
-        "decision into the op table needs lower.py's body, which the thread-pool work is editing"),
     ("dlcc.frontend.torch.model", "compiler"): (
         "TorchCompiledModel compiles a torch module end to end (dlcc.compiler.compile_model per input "
         "shape): it is API level, not frontend; moving it (and dynamo.py) to a top-level package changes "

@@ -166,6 +166,7 @@ def _optimize(b: _Build) -> None:
 
 
 def _fusion(b: _Build) -> None:
+    import dlcc.codegen.program  # noqa: F401  (registers what the C backend prints: dlcc.ops.backend)
     from dlcc.lower.lower import unsupported_ops
 
     missing = unsupported_ops(b.model.graph)
@@ -240,6 +241,7 @@ def choose_fusion(m: ir.Model, fusion: str = "auto", *, estimate_if_unlowerable:
     static, an attribute no template handles) falls back to the planners' byte estimate, and the plan's
     reason says so.
     """
+    import dlcc.codegen.program  # noqa: F401  (registers what the C backend prints: dlcc.ops.backend)
     from dlcc.codegen.cbase import TemplateError
     from dlcc.fusion import plan_fusion
     from dlcc.lower.lower import lower, unsupported_ops

@@ -53,6 +53,10 @@ class InputError(DlccError):
     """Input data given to a run (arrays, .npy files) does not fit the model."""
 
 
+class TemplateError(DlccError):
+    """A kernel template met an attribute value or a shape it does not handle (reported as unsupported)."""
+
+
 class PassError(DlccError):
     """A pass broke the IR or failed to reach a fixpoint: a bug in dlcc, reported with the pass's name."""
 

@@ -4,15 +4,31 @@ What goes in / comes out: plain values (shapes, text, graphs); nothing here know
 - ``contiguous_strides(shape)``: row-major element strides (a zero dimension counts as one).
 - ``sanitize_comment(text)``: model text made safe to print inside a C block comment.
 - ``all_graphs(graph)``: a graph and all its subgraphs, outermost first.
+- ``value_shape(v)`` / ``value_dtype(v)``: a value's static shape and numpy dtype name (DlccError if unknown).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
-__all__ = ["all_graphs", "contiguous_strides", "sanitize_comment"]
+from dlcc.errors import DlccError
+
+__all__ = ["all_graphs", "contiguous_strides", "sanitize_comment", "value_dtype", "value_shape"]
+
+
+def value_shape(v: ir.Value) -> tuple[int, ...]:
+    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        raise DlccError(f"value '{v.name}' has no static shape", hint="pass --input-shape for symbolic inputs")
+    return tuple(int(d) for d in v.shape)
+
+
+def value_dtype(v: ir.Value) -> str:
+    if v.dtype is None:
+        raise DlccError(f"value '{v.name}' has no known element type")
+    return np.dtype(v.dtype.numpy()).name
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

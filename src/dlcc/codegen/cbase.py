@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlcc.errors import DlccError
+from dlcc.errors import DlccError, TemplateError  # noqa: F401  (TemplateError re-exported for the templates)
 from dlcc.util import contiguous_strides, sanitize_comment  # noqa: F401  (re-exported for codegen)
 
 # dtype name (numpy) -> C type. bool is one byte holding 0 or 1, like numpy's.
@@ -228,6 +228,3 @@ def vector_helpers(lanes: int) -> str:
             f"memcpy(&dlcc_vf_l_, (p), {n}); dlcc_vf_l_; }})\n"
             f"#define dlcc_vf_store(p, v) do {{ dlcc_vf dlcc_vf_s_ = (v); memcpy((p), &dlcc_vf_s_, {n}); }} while (0)")
 
-
-class TemplateError(DlccError):
-    """A template met an attribute value or a shape it does not handle (reported as unsupported)."""

@@ -29,6 +29,7 @@ import onnx_ir as ir
 from dlcc.codegen.cbase import CTYPES, Names, TemplateError, TensorRef, c_float, c_helper, c_literal, ctype
 from dlcc.codegen.vmath import C_TEXT as VMATH_C
 from dlcc.errors import DlccError
+from dlcc.util import value_dtype, value_shape
 
 __all__ = ["ELEMENTWISE", "INDEXED", "ExprGen", "broadcast_index", "value_dtype", "value_shape"]
 
@@ -37,18 +38,6 @@ IndexedFn = Callable[["ExprGen", ir.Node, int, list[str], "list[str] | None"], s
 
 ELEMENTWISE: dict[str, ElementwiseFn] = {}
 INDEXED: dict[str, IndexedFn] = {}
-
-
-def value_shape(v: ir.Value) -> tuple[int, ...]:
-    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
-        raise DlccError(f"value '{v.name}' has no static shape", hint="pass --input-shape for symbolic inputs")
-    return tuple(int(d) for d in v.shape)
-
-
-def value_dtype(v: ir.Value) -> str:
-    if v.dtype is None:
-        raise DlccError(f"value '{v.name}' has no known element type")
-    return np.dtype(v.dtype.numpy()).name
 
 
 def broadcast_index(idx: Sequence[str], in_shape: Sequence[int]) -> list[str]:

@@ -53,6 +53,13 @@ from dlcc.schedule.target import Target, get_target
 
 __all__ = ["ALIGN", "CSource", "generate"]
 
+# what lowering may ask this generator to print (ops.backend: lowering sits below codegen)
+import dlcc.codegen.injective  # noqa: E402, F401  (registers the index-map ops in INDEXED)
+from dlcc.codegen.expr import ELEMENTWISE, INDEXED  # noqa: E402
+from dlcc.ops.backend import register as _register_backend  # noqa: E402
+
+_register_backend(ELEMENTWISE, INDEXED, TEMPLATES, NEEDS_BUFFERS)
+
 ALIGN = 64
 _PTR = re.compile(r"\bp_(\d+)\b")
 
@@ -86,7 +93,6 @@ class CSource:
 
 
 def prelude(target: Target) -> str:
-    import dlcc.codegen.injective  # noqa: F401  (registers index-map handlers and their helpers)
 
     return ("#include <stdint.h>\n#include <stddef.h>\n#include <math.h>\n#include <string.h>\n#include <float.h>\n"
             + vector_helpers(target.lanes) + "\n" + "\n".join(C_HELPERS[k] for k in sorted(C_HELPERS)))

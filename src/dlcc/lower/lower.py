@@ -5,7 +5,7 @@ What comes out: a verified ``Program`` (see ``dlcc.lower.kir``).
 
 Algorithm, per group (in the plan's topological order):
 1. Decide which values of the group are *materialized* (get a buffer): the group's outputs, the inputs of
-   templates that address raw buffers (Conv, MatMul, pools: ``NEEDS_BUFFERS``), and the results of
+   templates that address raw buffers (Conv, MatMul, pools: ``needs_buffers``), and the results of
    templates. Every other value is *inlined*: computed inside the loop nest of its consumer.
 2. Epilogues: a template's result followed, in the group, by a single-use chain of elementwise ops of the
    same shape (bias Add, folded BN Mul/Add, Relu, residual Add, ...) is not materialized; the template
@@ -27,13 +27,11 @@ from collections import Counter
 import numpy as np
 import onnx_ir as ir
 
-import dlcc.codegen.injective  # noqa: F401  (registers the index-map ops in INDEXED)
-from dlcc.codegen.cbase import TemplateError, contiguous_strides
-from dlcc.codegen.expr import ELEMENTWISE, INDEXED, value_dtype, value_shape
-from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES
-from dlcc.errors import DlccError
+from dlcc.errors import DlccError, TemplateError
 from dlcc.fusion.plan import FusionPlan
 from dlcc.lower.kir import Buffer, Kernel, Program, Step, verify_program
+from dlcc.ops.backend import backend_ops
+from dlcc.util import contiguous_strides, value_dtype, value_shape
 
 __all__ = ["RESHAPE_LIKE", "lower", "op_key", "supported", "unsupported_ops"]
 
@@ -52,7 +50,9 @@ def supported(node: ir.Node) -> bool:
         mode = node.inputs[2] if len(node.inputs) > 2 else None
         if mode is not None and (mode.const_value is None or bool(mode.const_value.numpy().any())):
             return False
-    return key in ELEMENTWISE or key in INDEXED or key in TEMPLATES or key in RESHAPE_LIKE or key == "Constant"
+    ops = backend_ops()  # (what the C generator can print: dlcc.ops.backend)
+    return (key in ops.elementwise or key in ops.indexed or key in ops.templates or key in RESHAPE_LIKE
+            or key == "Constant")
 
 
 def unsupported_ops(graph: ir.Graph) -> Counter:
@@ -61,11 +61,11 @@ def unsupported_ops(graph: ir.Graph) -> Counter:
 
 
 def _is_template(node: ir.Node) -> bool:
-    return op_key(node) in TEMPLATES
+    return op_key(node) in backend_ops().templates
 
 
 def _elementwise(node: ir.Node) -> bool:
-    return op_key(node) in ELEMENTWISE or op_key(node) == "BatchNormalization"
+    return op_key(node) in backend_ops().elementwise or op_key(node) == "BatchNormalization"
 
 
 class _Lowering:
@@ -124,7 +124,7 @@ class _Lowering:
 
         need: set[ir.Value] = {v for v in group.outputs if v not in self.consts}
         for n in nodes:
-            if op_key(n) in NEEDS_BUFFERS:
+            if op_key(n) in backend_ops().needs_buffers:
                 need.update(v for v in n.inputs if v is not None)
             for extra in n.outputs[1:] if _is_template(n) else ():
                 if extra.uses() or extra in self.graph_outputs:
@@ -321,7 +321,7 @@ def _identity_leaves(v: ir.Value, p: Program) -> tuple[set, set]:
     shape = value_shape(v)
     same, other = set(), set()
     stack = [(x, True) for x in v.producer().inputs if x is not None]
-    producer_ok = op_key(v.producer()) in ELEMENTWISE
+    producer_ok = op_key(v.producer()) in backend_ops().elementwise
     stack = [(x, producer_ok and value_shape(x) == shape) for x, _ in stack]
     while stack:
         x, ident = stack.pop()
@@ -329,7 +329,7 @@ def _identity_leaves(v: ir.Value, p: Program) -> tuple[set, set]:
             (same if ident else other).add(x)
             continue
         node = x.producer()
-        keep = ident and op_key(node) in ELEMENTWISE
+        keep = ident and op_key(node) in backend_ops().elementwise
         stack.extend((y, keep and value_shape(y) == shape) for y in node.inputs if y is not None)
     return same, other
 

@@ -70,6 +70,7 @@ def _dtypes(model: onnx.ModelProto) -> set[int]:
 def claimed(model: onnx.ModelProto) -> tuple[bool, str]:
     import onnx_ir as ir
 
+    import dlcc.codegen.program  # noqa: F401  (registers what the C backend prints: dlcc.ops.backend)
     from dlcc.lower.lower import supported
 
     try:
