@@ -142,9 +142,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 def _figures(info: dict) -> str:
     mb = 1024 * 1024
+    ws = info.get("workspace_peak_bytes", 0)
+    scratch = f", largest kernel workspace {ws / mb:.2f}" if ws else ""
     return (f"{info['kernels']} kernels ({info['fusion']}), arena {info['arena_bytes'] / mb:.2f} MiB "
-            f"(lower bound {info['lower_bound_bytes'] / mb:.2f}, no reuse {info['no_reuse_bytes'] / mb:.2f}), "
-            f"weights {info['weights_bytes'] / mb:.2f} MiB")
+            f"(lower bound {info['lower_bound_bytes'] / mb:.2f}, no reuse {info['no_reuse_bytes'] / mb:.2f}"
+            f"{scratch}), weights {info['weights_bytes'] / mb:.2f} MiB")
 
 
 def _machine_target(args: argparse.Namespace):

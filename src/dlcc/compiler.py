@@ -48,8 +48,12 @@ class Artifacts:
             "kernels": len(self.program.kernels),
             "nodes": len(self.model.graph),
             "fusion": self.plan.planner,
-            "arena_bytes": m.arena_bytes,
+            "arena_bytes": m.arena_bytes,  # workspace included (each kernel's scratch lives in the arena)
             "lower_bound_bytes": m.lower_bound,
+            "workspace_bytes": sum(self.program.buffers[s.workspace].nbytes for k in self.program.kernels
+                                   for s in k.steps if s.workspace is not None),  # (summed over kernels)
+            "workspace_peak_bytes": max((self.program.buffers[s.workspace].nbytes for k in self.program.kernels
+                                         for s in k.steps if s.workspace is not None), default=0),
             "no_reuse_bytes": m.no_reuse_bytes,
             "weights_bytes": len(self.csource.weights),
             "target": self.target.name,

@@ -241,3 +241,20 @@ def test_elementwise_kernel_writes_in_place_over_a_dying_input() -> None:
     cm = CompiledModel(lib, src.inputs, src.outputs, src.arena_bytes, weights)
     _check(m, cm)
     assert memory.arena_bytes == 8 * 32 * 4  # one [8,32] buffer holds a, then s
+
+
+def test_workspace_is_declared_before_memory_planning_and_reported() -> None:
+    """A packed GEMM's scratch is a buffer of the memory plan (in the arena and its lower bound), reported in
+    compiled.info; the plan stays at the lower bound."""
+    from dlcc.testing.models import mlp
+
+    cm = dlcc.compile(mlp(batch=64, in_features=256, hidden=(256,), out_features=64), threads=2)
+    info = cm.info
+    assert info["workspace_bytes"] > 0 and info["workspace_peak_bytes"] > 0
+    assert info["arena_bytes"] >= info["workspace_peak_bytes"]
+    assert info["lower_bound_bytes"] >= info["workspace_peak_bytes"]
+    assert info["arena_bytes"] <= 1.05 * info["lower_bound_bytes"]
+    program = cm.artifacts.program
+    ws = [s.workspace for k in program.kernels for s in k.steps if s.workspace is not None]
+    assert ws and all(program.buffers[b].kind == "temp" for b in ws)
+    assert all(b in cm.artifacts.memory.offsets for b in ws)  # placed in the arena like any temporary
