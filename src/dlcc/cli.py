@@ -556,8 +556,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     for col in ("pass", "rule", "family", "exact", "opset", "what it does"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.pass_name, r.name + (" (annotation)" if r.kind == "annotation" else ""), r.family,
-                      "yes" if r.exact else "no", str(r.min_opset), r.doc)
+        table.add_row(r.pass_name, r.name, r.family, "yes" if r.exact else "no", str(r.min_opset), r.doc)
     _out.print(table, markup=False)
     return 0
 
@@ -682,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rules", parents=[common], help="list every rewrite rule",
-                       description="List every rewrite rule and annotation: pass, family, whether it is exact in "
+                       description="List every rewrite rule: pass, family, whether it is exact in "
                                    "floating point, minimum opset, what it does.")
     p.add_argument("--family", help="only this family (e.g. associative, distributive, commutative)")
     p.add_argument("--markdown", action="store_true", help="print docs/RULES.md")

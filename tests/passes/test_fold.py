@@ -1,4 +1,5 @@
-"""Constant folding (fold) and constant parameters (params): what folds, what must not, the size guard."""
+"""Constant folding (fold) and constant parameters (params): what folds, what must not, the size guard;
+which parameter inputs move into attributes."""
 
 from __future__ import annotations
 
@@ -375,7 +376,7 @@ def test_densenet121_folds_quickly() -> None:
     assert "Unsqueeze" not in _ops(model)
 
 
-# ----------------------------------------------------------------------------- params / immediates
+# ----------------------------------------------------------------------------- params
 
 PARAMS = """
 <ir_version: 8, opset_import: ["" : {opset}]>
@@ -401,31 +402,23 @@ def _params_model(opset: int) -> onnx.ModelProto:
     return _proto(text, **inits)
 
 
-def test_params_opset17_are_recorded_in_meta() -> None:
+def test_params_opset17_inputs_stay_inputs() -> None:
     proto = _params_model(17)
     model = _model(proto)
     p = ConstantParams()
-    assert p(model)
-    nodes = {n.op_type + str(i): n for i, n in enumerate(model.graph)}
-    assert nodes["Unsqueeze0"].meta["dlcc.params"] == {"axes": [0]}
-    assert nodes["Clip4"].meta["dlcc.params"] == {"min": -0.5, "max": 0.5}
-    assert nodes["Mul1"].meta["dlcc.immediate"] == {"input": 1, "value": 2.5}
-    assert nodes["Sub2"].meta["dlcc.immediate"] == {"input": 0, "value": 2.5}
-    assert "dlcc.immediate" not in nodes["Add3"].meta  # three elements: not an immediate
-    assert nodes["PRelu5"].meta["dlcc.immediate"] == {"input": 1, "value": 0.25}
-    assert p.fired == {"param-record": 2, "immediate": 3}
-    assert not ConstantParams()(model)  # idempotent
-    _same_outputs(proto, model, rtol=1e-5)  # meta is not serialized: the ONNX is unchanged
+    assert not p(model) and not p.fired  # opset 17 has no attribute form for Unsqueeze's axes or Clip's bounds
+    assert len(model.graph.node(0).inputs) == 2 and "axes" not in model.graph.node(0).attributes
+    assert len(model.graph.node(4).inputs) == 3
+    _same_outputs(proto, model, rtol=1e-5)
 
 
 def test_params_opset11_keeps_the_attribute_form() -> None:
     proto = _params_model(11)
     model = _model(proto)
-    assert ConstantParams()(model)  # the immediates; Unsqueeze/Clip<11... have nothing to record
-    unsq = model.graph.node(0)
-    assert "dlcc.params" not in unsq.meta and unsq.attributes["axes"].value == (0,)
-    assert model.graph.node(4).meta["dlcc.params"] == {"min": -0.5, "max": 0.5}  # Clip-11 takes inputs
     assert not ConstantParams()(model)
+    unsq = model.graph.node(0)
+    assert len(unsq.inputs) == 1 and unsq.attributes["axes"].value == (0,)
+    assert len(model.graph.node(4).inputs) == 3  # Clip-11 takes its bounds as inputs
     _same_outputs(proto, model, rtol=1e-5)
 
 
@@ -444,25 +437,12 @@ def test_params_input_form_moves_into_the_attribute_where_the_opset_defines_it()
     node.replace_input_with(1, axes)
     p = ConstantParams()
     assert p(model) and p.fired == {"param-to-attribute": 1}
-    assert len(node.inputs) == 1 and node.attributes["axes"].value == (0,) and "dlcc.params" not in node.meta
+    assert len(node.inputs) == 1 and node.attributes["axes"].value == (0,)
     assert not ConstantParams()(model)
     proto = ir.serde.serialize_model(model)
     onnx.checker.check_model(proto, full_check=True)
     x = np.arange(3, dtype=np.float32).reshape(1, 3)
     np.testing.assert_array_equal(run_ort(proto, {"x": x})["y"], x[0])
-
-
-def test_immediate_refuses_an_operand_that_would_broadcast_the_rank_up() -> None:
-    proto = _proto("""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[3] x) => (float[1,3] y, float[3] z) {
-        y = Mul(x, k11)
-        z = Mul(x, k1)
-    }""", k11=np.full((1, 1), 2.0, np.float32), k1=np.array([2.0], np.float32))
-    model = _model(proto)
-    assert ConstantParams()(model)
-    assert "dlcc.immediate" not in model.graph.node(0).meta
-    assert model.graph.node(1).meta["dlcc.immediate"] == {"input": 1, "value": 2.0}
 
 
 # node text, inputs (None: omitted), outputs requested ("" = omitted), opset

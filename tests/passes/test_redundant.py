@@ -23,10 +23,8 @@ from dlcc.passes.cse import CommonSubexpressionElimination
 from dlcc.passes.eliminate import DeadCodeElimination
 from dlcc.passes.manager import ManagerOptions, Pass, PassManager
 from dlcc.passes.redundant import (
-    ANNOTATIONS,
     RULES,
     InversePairs,
-    MarkViews,
     NoOpElimination,
     ReshapeChains,
     holds_exactly,
@@ -605,57 +603,6 @@ def test_transpose_rank_unknown_refuses() -> None:
     assert p.refused[("transpose-transpose", "rank unknown")] == 1
 
 
-# ---------------------------------------------------------------------------------- view annotation
-
-GAP = g(H17, "(float[N,8,5,5] x, float[8,4] w) => (float[N,4] y)", """
-    p = GlobalAveragePool (x)
-    f = Flatten <axis = 1> (p)
-    y = Gemm (f, w)""")
-
-
-def test_mark_views_marks_the_reshape_after_global_pool() -> None:
-    model = build(GAP)
-    p = MarkViews()
-    assert run_checked(model, p)
-    assert p.fired["gap-reshape-view"] == 1
-    flat = next(n for n in model.graph if n.op_type == "Flatten")
-    assert flat.meta["dlcc.view"] is True
-    assert ops(model) == ["GlobalAveragePool", "Flatten", "Gemm"]
-    assert not MarkViews()(model)  # idempotent: nothing new to mark
-
-
-def test_mark_views_static_reshape_into_matmul() -> None:
-    model = build(g(H9, "(float[2,8,5,5] x, float[8,4] w) => (float[2,4] y)", """
-        p = GlobalMaxPool (x)
-        s = Constant <value = int64[2] {2, 8}> ()
-        f = Reshape (p, s)
-        y = MatMul (f, w)"""))
-    p = MarkViews()
-    assert p(model)
-    assert next(n for n in model.graph if n.op_type == "Reshape").meta["dlcc.view"] is True
-
-
-@pytest.mark.parametrize(("text", "reason"), [
-    (GAP.replace("GlobalAveragePool (x)", "Relu (x)").replace("float[N,8,5,5] x", "float[N,8,1,1] x"),
-     "input is not a global pool"),
-    (GAP.replace("y = Gemm (f, w)", "r = Relu (f)\n y = Gemm (r, w)"), "a consumer is not Gemm/MatMul"),
-    (g(H9, "(float[2,8,5,5] x, float[4,4] w) => (float[4,4] y)", """
-        p = GlobalAveragePool (x)
-        s = Constant <value = int64[2] {4, 4}> ()
-        f = Reshape (p, s)
-        y = MatMul (f, w)"""), "changes more than unit dims"),
-    (g(H17, "(float[2,8,5,5] x) => (float[2,8] y)", """
-        p = GlobalAveragePool (x)
-        y = Flatten <axis = 1> (p)"""), "output is a graph output or unused"),
-], ids=["not-pool", "not-gemm", "not-unit", "graph-output"])
-def test_mark_views_refuses(text: str, reason: str) -> None:
-    model = build(text)
-    p = MarkViews()
-    assert not p(model)
-    assert p.refused[("gap-reshape-view", reason)] == 1
-    assert not any(n.meta.get("dlcc.view") for n in model.graph)
-
-
 # ---------------------------------------------------------------------------------- rule tables
 
 
@@ -664,7 +611,6 @@ def test_rule_tables_are_listed_and_documented() -> None:
     assert len(names) == len(set(names))
     assert all(r.doc and r.family in ("no-op", "reshape-chains", "inverse-pairs") for r in RULES)
     assert [r.name for r in RULES if not r.exact] == ["quantize-dequantize"]
-    assert all(a.doc for a in ANNOTATIONS)
     tested = {c.rule for c in POSITIVE} | {"cast-roundtrip", "quantize-dequantize"}
     assert set(names) <= tested
 
@@ -685,7 +631,7 @@ def test_light_models_keep_outputs(name: str) -> None:
     # onnxruntime's own optimizer would spend seconds folding the ConstantOfShape weights: run it plain
     ref = run_ort(ir.serde.serialize_model(model), feeds, threads=2, optimize=False)
     n_before = model.graph.num_nodes()
-    passes = [NoOpElimination(), ReshapeChains(), InversePairs(), MarkViews(), CommonSubexpressionElimination(),
+    passes = [NoOpElimination(), ReshapeChains(), InversePairs(), CommonSubexpressionElimination(),
               DeadCodeElimination()]
     report = PassManager(passes, ManagerOptions(verify=True)).run(model)
     assert model.graph.num_nodes() <= n_before

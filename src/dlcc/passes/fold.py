@@ -1,4 +1,4 @@
-"""Constant folding, with a size guard, shape arithmetic, and constant operands recorded as parameters.
+"""Constant folding, with a size guard and shape arithmetic; constant parameter inputs as attributes.
 
 What goes in: an onnx_ir model, ideally after ``infer_shapes`` (shape folding needs static shapes).
 What comes out, from ``ConstantFolding`` ("fold"): the same model, changed in place, where
@@ -8,9 +8,9 @@ What comes out, from ``ConstantFolding`` ("fold"): the same model, changed in pl
 - ``Shape``/``Size`` of a value with a static shape are constants, and so are ``Gather``/``Slice`` over
   the static part of a partially known shape;
 - a result far larger than what it is computed from stays as its generator node (see below).
-From ``ConstantParams`` ("params"): nodes annotated in ``node.meta`` (not serialized, the ONNX output is
-unchanged) with their constant parameter inputs (``dlcc.params``) and scalar operands
-(``dlcc.immediate``), or, where the model's opset defines an attribute form, those inputs moved into it.
+From ``ConstantParams`` ("params"): the same model where a node that gets its parameters (axes, pads,
+scales...) as constant inputs although the model's opset defines them as attributes of that op takes
+them as attributes (all of them or none: a value an attribute cannot hold leaves the node as it is).
 
 Invariants: graph input/output names and dtypes never change (a folded graph output becomes an
 initializer of the same name); initializers that are also graph inputs are overridable, so they are not
@@ -584,7 +584,6 @@ PARAM_INPUTS: dict[str, tuple[tuple[int, str, str | None], ...]] = {
     "CumSum": ((1, "axis", None),),
     "Dropout": ((1, "ratio", "ratio"),),
 }
-IMMEDIATE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu"})
 
 
 def _const_array(v: ir.Value | None) -> np.ndarray | None:
@@ -603,17 +602,6 @@ def _const_array(v: ir.Value | None) -> np.ndarray | None:
     return None if t is None else t.numpy()
 
 
-def _python(arr: np.ndarray):
-    """A parameter as plain Python: a number for a scalar, a list for a vector."""
-    if arr.dtype.kind == "f":
-        conv = float
-    elif arr.dtype.kind in "iub":
-        conv = int
-    else:
-        raise TypeError(arr.dtype)
-    return conv(arr.item()) if arr.ndim == 0 else [conv(x) for x in arr.ravel().tolist()]
-
-
 def _schema(op: str, opset: int) -> onnx.defs.OpSchema | None:
     try:
         return onnx.defs.get_schema(op, opset, "")
@@ -623,76 +611,39 @@ def _schema(op: str, opset: int) -> onnx.defs.OpSchema | None:
 
 class ConstantParams(Pass):
     name = "params"
-    doc = "record constant axes/pads/scales/... inputs and scalar operands as node parameters"
+    doc = "move constant axes/pads/scales/... inputs into the attribute form where the opset defines one"
 
     def run(self, model: ir.Model) -> bool:
         opset = _opset(model)
         changed = False
         for node in list(model.graph):
-            if node.domain not in _DEFAULT_DOMAINS:
-                continue
-            if node.op_type in PARAM_INPUTS:
+            if node.domain in _DEFAULT_DOMAINS and node.op_type in PARAM_INPUTS:
                 changed |= self._params(node, opset)
-            if node.op_type in IMMEDIATE_OPS:
-                changed |= self._immediate(node)
         return changed
 
     def _params(self, node: ir.Node, opset: int) -> bool:
-        record: dict = {}
         present: list[int] = []
         schema = _schema(node.op_type, opset)
         attrs: dict[str, ir.Attr] = {}
-        for index, pname, attr_name in PARAM_INPUTS[node.op_type]:
+        for index, _, attr_name in PARAM_INPUTS[node.op_type]:
             if index >= len(node.inputs) or node.inputs[index] is None:
                 continue
             present.append(index)
             arr = _const_array(node.inputs[index])
             if arr is None or arr.dtype.kind not in "fiub":
                 continue
-            record[pname] = _python(arr)
             # the attribute form applies only where this opset's op has the attribute and not the input
             if (schema is not None and attr_name is not None and attr_name in schema.attributes
                     and schema.max_input <= index):
                 # a value not expressible as that attribute leaves the node as it is
                 with contextlib.suppress(TypeError, ValueError):
                     attrs[attr_name] = _as_attribute(attr_name, schema.attributes[attr_name].type, arr)
-        if attrs and len(attrs) == len(present):
-            for a in attrs.values():
-                node.attributes[a.name] = a
-            node.resize_inputs(min(present))
-            node.meta.pop("dlcc.params", None)
-            self.fired["param-to-attribute"] += 1
-            return True
-        old = node.meta.get("dlcc.params")
-        if record == (old or {}):
+        if not attrs or len(attrs) != len(present):
             return False
-        if record:
-            node.meta["dlcc.params"] = record
-            self.fired["param-record"] += 1
-        else:
-            del node.meta["dlcc.params"]
-        return True
-
-    def _immediate(self, node: ir.Node) -> bool:
-        found = None
-        if len(node.inputs) == 2 and None not in node.inputs:
-            for i in ((1,) if node.op_type == "PRelu" else (1, 0)):
-                c, other = node.inputs[i], node.inputs[1 - i]
-                arr = _const_array(c)
-                if arr is None or arr.size != 1 or arr.dtype.kind not in "fiu":
-                    continue
-                if _const_array(other) is not None or other.shape is None or arr.ndim > len(other.shape):
-                    continue  # both constant: folding's business; a higher rank would broadcast x up
-                found = {"input": i, "value": _python(arr.reshape(()))}
-                break
-        old = node.meta.get("dlcc.immediate")
-        if found == old:
-            return False
-        if found is None:
-            del node.meta["dlcc.immediate"]
-        else:
-            node.meta["dlcc.immediate"] = found
-            self.fired["immediate"] += 1
+        for a in attrs.values():
+            node.attributes[a.name] = a
+        node.resize_inputs(min(present))
+        self.fired["param-to-attribute"] += 1
         return True
 
 

@@ -4,8 +4,7 @@ What goes in: a model with shapes inferred (``infer_shapes``), weights as consta
 What comes out: the same model where BatchNormalization and Add/Sub/Mul/Div by per-channel constants
 that follow a Conv, ConvTranspose, Gemm or MatMul are gone, absorbed into that op's weight and bias;
 BatchNormalizations with nothing to fold into absorb the Mul/Add after them and then become one Mul and
-one Add; a rank-2 MatMul followed by a bias Add becomes a Gemm, and a higher-rank one keeps its Add and
-records it in ``node.meta["dlcc.epilogue"]`` for the backend.
+one Add; a rank-2 MatMul followed by a bias Add becomes a Gemm (a higher-rank one keeps its Add).
 
 Algorithm: every foldable consumer is read as a per-output-channel affine map ``y -> y * s + t`` (s and t
 are float64 vectors over the producer's output channels; a missing s is 1, a missing t is 0):
@@ -37,13 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.passes.patterns import (
-    EPILOGUE,
-    bias_step,
-    channel_vector,
-)
+from dlcc.passes.patterns import channel_vector
 from dlcc.passes.rewrite import (
-    Annotation,
     Builder,
     Rule,
     RulePass,
@@ -412,40 +406,6 @@ def _lone_bn_rewrite(node: ir.Node, m: dict, b: Builder) -> list[ir.Value | None
                                hint=out.name, dtype=out.dtype, shape=out.shape))
 
 
-# ----------------------------------------------------------------------------- MatMul bias epilogue
-
-
-def _matmul_epilogue_pattern(node: ir.Node) -> dict | None:
-    y = node.outputs[0]
-    if not single_use(y):
-        return None
-    add = y.uses()[0].node
-    return {"add": add} if add.op_type == "Add" and add.domain in ("", "ai.onnx") else None
-
-
-def _matmul_epilogue_check(node: ir.Node, m: dict) -> str | None:
-    lin = _linear(node)
-    if isinstance(lin, str):
-        return lin
-    if lin.rank <= 2:
-        return "rank <= 2: the bias folds into a Gemm instead"
-    entry = bias_step(node, m["add"])
-    if entry is None:
-        return "the Add is not a per-feature constant bias"
-    m["entry"] = entry
-    return None
-
-
-def _matmul_epilogue_annotate(node: ir.Node, m: dict) -> bool:
-    """Make the bias the first epilogue step (``patterns`` records the same entry, so no ping-pong)."""
-    entry = m["entry"]
-    chain = list(node.meta.get(EPILOGUE) or [])
-    if chain and chain[0] == entry:
-        return False
-    node.meta[EPILOGUE] = [entry] + [e for e in chain if e != entry]
-    return True
-
-
 # ----------------------------------------------------------------------------- the rule table
 
 CONV_BN = _linear_rule("conv-bn", ("BatchNormalization",), _CONV,
@@ -478,16 +438,8 @@ LONE_BN = Rule("bn-to-mul-add", ("BatchNormalization",), lambda node: {}, _lone_
 RULES: list[Rule] = [CONV_BN, GEMM_BN, MATMUL_BN, CONV_ADD, CONV_MUL, GEMM_ADD, GEMM_MUL, MATMUL_ADD,
                      MATMUL_MUL, BN_MUL, BN_ADD, LONE_BN]
 
-ANNOTATIONS: list[Annotation] = [
-    Annotation("matmul-bias-epilogue", ("MatMul",), _matmul_epilogue_pattern, _matmul_epilogue_check,
-               _matmul_epilogue_annotate,
-               doc="rank>2 MatMul + per-feature constant Add: record the bias in meta['dlcc.epilogue']",
-               family="fuse-linear"),
-]
-
 
 class LinearFusion(RulePass):
     name = "fuse-linear"
     doc = "fold BatchNormalization and per-channel constant Add/Sub/Mul/Div into Conv/Gemm/MatMul weights"
     rules = RULES
-    annotations = ANNOTATIONS

@@ -123,7 +123,7 @@ class PassManager:
             verify_model(model, where="the input model")
         start = time.perf_counter()
         # a pass whose last run saw the graph as it is now would find nothing (passes are idempotent):
-        # skip it. The fingerprint covers structure, not node metadata (annotations enable no rewrite).
+        # skip it. The fingerprint covers structure, not node metadata (no pass reads node metadata).
         # The fingerprint is recomputed only after a pass that reports a change (a pass that reports none
         # has, by contract, changed nothing).
         seen_at: dict[int, tuple] = {}

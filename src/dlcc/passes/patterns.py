@@ -1,20 +1,13 @@
-"""Pattern fusion: recognize primitive forms of LayerNormalization, RMSNorm and GELU, and record the
-elementwise epilogues that follow Conv/Gemm/MatMul, for the backend.
+"""Pattern fusion: recognize primitive forms of LayerNormalization, RMSNorm and GELU and replace each by
+its ONNX op.
 
-What goes in: a model with shapes inferred (``infer_shapes``). What comes out: the same model where
-- the primitive LayerNorm chain becomes one ``LayerNormalization`` (opset >= 17), the primitive RMSNorm
-  chain one ``RMSNormalization`` (opset >= 23) and the primitive GELU chains one ``Gelu`` (opset >= 20);
-- below those opsets the ONNX graph is left as it is (it must stay standard ONNX that onnxruntime runs)
-  and the chain's final node is annotated instead: ``node.meta["dlcc.pattern"]`` names the pattern and
-  the captures sit beside it (``"input"``, ``"approximate"``, ``"axis"``, ``"epsilon"``, ``"scale"``...);
-- every Conv/ConvTranspose/Gemm/MatMul whose output flows through a per-feature constant bias Add, an
-  activation and/or a residual Add carries the ordered list of those steps in
-  ``node.meta["dlcc.epilogue"]`` (annotation only: the graph is unchanged).
+What goes in: a model with shapes inferred (``infer_shapes``). What comes out: the same model where the
+primitive LayerNorm chain becomes one ``LayerNormalization`` (opset >= 17), the primitive RMSNorm chain
+one ``RMSNormalization`` (opset >= 23) and the primitive GELU chains one ``Gelu`` (opset >= 20); below
+those opsets the chain is left as it is (the graph must stay standard ONNX that onnxruntime runs).
 
-Invariants: annotations never change the graph; an annotation counts as a change only when it writes
-something the node did not already carry, so the pass is idempotent. A chain is matched only when every
-value inside it is used inside it alone (the chain's input may have other uses). Constants must match
-within 1e-4 relative.
+Invariants: a chain is matched only when every value inside it is used inside it alone (the chain's
+input may have other uses). Constants must match within 1e-4 relative.
 
 Algorithm: each primitive chain is matched backwards from a candidate final node (the node the driver
 visits as root) down to the chain's input ``x``; for LayerNorm and RMSNorm the optional ``* gamma`` and
@@ -27,15 +20,7 @@ root where that extension ends, so the whole chain is replaced at once:
     y = x * 0.5 * (1 + Erf(x / sqrt2 | x * 1/sqrt2))              any product order   GELU (erf)
     y = x * 0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3)))     any product order   GELU (tanh)
 
-The epilogue walk starts at the producer's output and follows single uses: first an optional per-feature
-constant Add (role "bias"), then at most one activation and at most one residual Add (or two-input Sum;
-same shape, other operand not a per-feature constant), in graph order. When both operands of a residual
-Add come out of producers' epilogues, only input 0's producer records it (else each kernel would wait for
-the other). SiLU (``x * Sigmoid(x)``) and Swish
-(``x * Sigmoid(beta * x)``) are recognized although their input has two uses.
-
-This module also holds the small pieces ``fuse_linear`` shares: ``channel_vector``, the ``Annotation``
-rule form and its runner, and ``bias_step`` (so both passes write the same epilogue entries).
+This module also holds ``channel_vector``, which ``fuse_linear`` shares.
 """
 
 from __future__ import annotations
@@ -47,18 +32,14 @@ import numpy as np
 import onnx_ir as ir
 
 from dlcc.passes.rewrite import (
-    Annotation,
     Builder,
     Rule,
     RulePass,
     attr,
     const_array,
     single_use,
-    static_shape,
 )
 
-EPILOGUE = "dlcc.epilogue"
-PATTERN = "dlcc.pattern"
 REL_TOL = 1e-4  # how closely a recognized constant must match its textbook value
 
 FLOAT_DTYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE})
@@ -134,21 +115,6 @@ def _closed(nodes: Sequence[ir.Node], final: ir.Node) -> bool:
             if o.is_graph_output() or any(id(u.node) not in ids for u in o.uses()):
                 return False
     return True
-
-
-def set_meta(node: ir.Node, updates: dict) -> bool:
-    """Write ``updates`` into ``node.meta``; True when something was new or different."""
-    changed = False
-    for k, v in updates.items():
-        if k not in node.meta or node.meta[k] != v:
-            node.meta[k] = v
-            changed = True
-    return changed
-
-
-# ------------------------------------------------------------------------------ annotation rules
-
-
 
 
 # ------------------------------------------------------------------------------ reductions and shapes
@@ -396,17 +362,6 @@ def _rmsnorm_rewrite(node: ir.Node, m: dict, b: Builder) -> list[ir.Value]:
     return [y]
 
 
-def _norm_annotate(kind: str):
-    def annotate(node: ir.Node, m: dict) -> bool:
-        info = {PATTERN: kind, "input": m["x"].name, "axis": m["axis"], "epsilon": m["epsilon"],
-                "scale": m["gamma"].name if m["gamma"] is not None else None}
-        if kind == "layernorm":
-            info["bias"] = m["beta"].name if m["beta"] is not None else None
-        return set_meta(node, info)
-
-    return annotate
-
-
 # ------------------------------------------------------------------------------ GELU
 
 _SQRT2 = math.sqrt(2.0)
@@ -541,227 +496,7 @@ def _gelu_rewrite(node: ir.Node, m: dict, b: Builder) -> list[ir.Value]:
                  shape=node.outputs[0].shape)]
 
 
-def _gelu_annotate(node: ir.Node, m: dict) -> bool:
-    return set_meta(node, {PATTERN: "gelu", "approximate": m["approximate"], "input": m["x"].name})
-
-
-# ------------------------------------------------------------------------------ epilogues
-
-PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-
-
-def _feature_layout(node: ir.Node) -> tuple[int, int, int] | None:
-    """(rank, feature axis, features) of a linear producer's output, when known."""
-    out = node.outputs[0]
-    rank = _rank(out)
-    shape = static_shape(out)
-    op = node.op_type
-    w = node.inputs[1] if len(node.inputs) > 1 else None
-    wshape = static_shape(w)
-    if op in ("Conv", "ConvTranspose"):
-        if rank is None and wshape is not None:
-            rank = len(wshape)
-        axis = 1
-        size = None
-        if wshape is not None and len(wshape) >= 2:
-            size = wshape[0] if op == "Conv" else wshape[1] * int(attr(node, "group", 1))
-    elif op == "Gemm":
-        rank, axis = 2, 1
-        size = None if wshape is None or len(wshape) != 2 else wshape[0 if attr(node, "transB", 0) else 1]
-    else:  # MatMul
-        x_rank, w_rank = _rank(node.inputs[0]), _rank(w)
-        if rank is None and x_rank is not None and w_rank is not None and w_rank >= 2:
-            rank = w_rank - 1 if x_rank == 1 else max(x_rank, w_rank)
-        size = wshape[-1] if wshape is not None and len(wshape) >= 2 else None
-        if w_rank is not None and w_rank < 2:
-            return None
-        axis = rank - 1 if rank else None
-    if size is None and shape is not None and axis is not None and axis < len(shape):
-        size = shape[axis]
-    if rank is None or axis is None or size is None:
-        return None
-    return rank, axis, size
-
-
-def bias_step(producer: ir.Node, add: ir.Node) -> dict | None:
-    """The epilogue entry for ``add`` when it adds a per-feature constant to ``producer``'s output."""
-    y = producer.outputs[0]
-    if add.op_type != "Add" or not _default(add) or y not in add.inputs:
-        return None
-    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-    c = const_array(other)
-    layout = _feature_layout(producer)
-    if other is y or c is None or layout is None or channel_vector(c, *layout) is None:
-        return None
-    return {"op": "Add", "input": other.name, "role": "bias", "output": add.outputs[0].name}
-
-
-def _same_shape(a: ir.Value, b: ir.Value) -> bool:
-    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
-        return False
-    for da, db in zip(a.shape, b.shape, strict=True):
-        if isinstance(da, int) and isinstance(db, int):
-            if da != db:
-                return False
-        elif not (isinstance(da, ir.SymbolicDim) and isinstance(db, ir.SymbolicDim)
-                  and da.value is not None and da.value == db.value):
-            return False
-    return True
-
-
-def _activation(node: ir.Node) -> dict | None:
-    """The epilogue entry for a single-node activation, or None."""
-    op = node.op_type
-    entry: dict = {"op": op}
-    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
-        pass
-    elif op == "LeakyRelu":
-        entry["alpha"] = float(attr(node, "alpha", 0.01))
-    elif op == "HardSigmoid":
-        entry["alpha"] = float(attr(node, "alpha", 0.2))
-        entry["beta"] = float(attr(node, "beta", 0.5))
-    elif op == "Gelu":
-        entry["approximate"] = str(attr(node, "approximate", "none"))
-    elif op == "Clip":
-        lo, hi = attr(node, "min"), attr(node, "max")
-        for i, name in ((1, "min"), (2, "max")):
-            if len(node.inputs) > i and node.inputs[i] is not None:
-                value = _scalar(node.inputs[i])
-                if value is None:
-                    return None  # a bound that is not a constant
-                lo, hi = (value, hi) if name == "min" else (lo, value)
-        entry["min"] = float(lo) if lo is not None else -math.inf
-        entry["max"] = float(hi) if hi is not None else math.inf
-    else:
-        return None
-    entry["output"] = node.outputs[0].name
-    return entry
-
-
-def _silu_step(v: ir.Value) -> tuple[dict, ir.Value] | None:
-    """``v * Sigmoid(v)`` (SiLU) or ``v * Sigmoid(beta * v)`` (Swish): (entry, its output), or None."""
-    uses = v.uses()
-    if v.is_graph_output() or len(uses) != 2:
-        return None
-    for first, second in ((uses[0].node, uses[1].node), (uses[1].node, uses[0].node)):
-        if first is second or not (_default(first) and _default(second)):
-            continue
-        alpha, sig = 1.0, first
-        if first.op_type == "Mul":
-            other = first.inputs[1] if first.inputs[0] is v else first.inputs[0]
-            alpha = _scalar(other)
-            sig = _consumer(first.outputs[0], "Sigmoid") if alpha is not None else None
-        if sig is None or sig.op_type != "Sigmoid" or len(sig.outputs) != 1:
-            continue
-        mul = _consumer(sig.outputs[0], "Mul")
-        if mul is None or mul is not second or v not in mul.inputs:
-            continue
-        entry = {"op": "Silu"} if first is sig else {"op": "Swish", "alpha": float(alpha)}
-        entry["output"] = mul.outputs[0].name
-        return entry, mul.outputs[0]
-    return None
-
-
-_ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu")
-
-
-def _next_step(producer: ir.Node, cur: ir.Value, first: bool, have_act: bool,
-               have_res: bool) -> tuple[dict, ir.Value, str] | None:
-    """The epilogue step that consumes ``cur``: (entry, its output, "bias" | "act" | "res"), or None."""
-    if not have_act:
-        silu = _silu_step(cur)
-        if silu is not None:
-            return silu[0], silu[1], "act"
-    node = _consumer(cur, ("Add", "Sum") if have_act else ("Add", "Sum", *_ACTIVATIONS))
-    if node is None or len(node.outputs) != 1 or (node.op_type == "Sum" and len(node.inputs) != 2):
-        return None
-    out = node.outputs[0]
-    if node.op_type not in ("Add", "Sum"):
-        entry = _activation(node)
-        return None if entry is None else (entry, out, "act")
-    entry = bias_step(producer, node) if first else None
-    if entry is not None:
-        return entry, out, "bias"
-    other = node.inputs[1] if node.inputs[0] is cur else node.inputs[0]
-    if have_res or other is cur or not _same_shape(cur, out):
-        return None
-    if cur is not node.inputs[0] and _claimed_from(other):
-        return None  # both operands come out of producers: input 0's producer takes the Add, never both
-    return {"op": "Add", "input": other.name, "role": "residual", "output": out.name}, out, "res"
-
-
-def _prefix_values(producer: ir.Node) -> list[ir.Value]:
-    """The values along ``producer``'s epilogue before any residual step (its output first)."""
-    cur = producer.outputs[0]
-    values, have_act = [cur], False
-    for _ in range(3):
-        step = _next_step(producer, cur, len(values) == 1, have_act, True)
-        if step is None:
-            break
-        _, cur, kind = step
-        values.append(cur)
-        have_act |= kind == "act"
-    return values
-
-
-def _claimed_from(other: ir.Value) -> bool:
-    """Whether ``other`` ends the residual-free epilogue of some producer a few nodes above it, which
-    could then record the same Add (two kernels each waiting for the other)."""
-    frontier, seen = [other], set()
-    for _ in range(4):
-        nxt = []
-        for v in frontier:
-            p = v.producer()
-            if p is None or id(p) in seen or not _default(p):
-                continue
-            seen.add(id(p))
-            if p.op_type in PRODUCERS:
-                if any(x is other for x in _prefix_values(p)):
-                    return True
-                continue
-            nxt.extend(x for x in p.inputs if x is not None)
-        frontier = nxt
-    return False
-
-
-def epilogue_chain(producer: ir.Node) -> list[dict]:
-    """The ordered elementwise steps that can run in ``producer``'s kernel after it (see the module doc)."""
-    chain: list[dict] = []
-    if producer.op_type not in PRODUCERS or not producer.outputs:
-        return chain
-    cur = producer.outputs[0]
-    have_act = have_res = False
-    while not (have_act and have_res):
-        step = _next_step(producer, cur, not chain, have_act, have_res)
-        if step is None:
-            break
-        entry, cur, kind = step
-        chain.append(entry)
-        have_act |= kind == "act"
-        have_res |= kind == "res"
-    return chain
-
-
-def _epilogue_pattern(node: ir.Node) -> dict | None:
-    chain = epilogue_chain(node)
-    if not chain and EPILOGUE not in node.meta:
-        return None
-    return {"chain": chain}
-
-
-def _epilogue_annotate(node: ir.Node, m: dict) -> bool:
-    chain = m["chain"]
-    if not chain:
-        del node.meta[EPILOGUE]  # a stale record: the graph around the producer changed
-        return True
-    return set_meta(node, {EPILOGUE: chain})
-
-
-# ------------------------------------------------------------------------------ the rule tables
-
-def _never(node: ir.Node, m: dict) -> str | None:
-    return None
-
+# ------------------------------------------------------------------------------ the rule table
 
 RULES: list[Rule] = [
     Rule("layernorm", ("Div", "Mul", "Add"), _norm_pattern(_ln_core, True), _norm_check, _layernorm_rewrite,
@@ -775,21 +510,8 @@ RULES: list[Rule] = [
          exact=False, min_opset=20),
 ]
 
-ANNOTATIONS: list[Annotation] = [
-    Annotation("layernorm-annotate", ("Div", "Mul", "Add"), _norm_pattern(_ln_core, True), _norm_check,
-               _norm_annotate("layernorm"), doc="mark a primitive LayerNorm chain (opset < 17)",
-               max_opset=16),
-    Annotation("rmsnorm-annotate", ("Div", "Mul"), _norm_pattern(_rms_core, False), _norm_check,
-               _norm_annotate("rmsnorm"), doc="mark a primitive RMSNorm chain (opset < 23)", max_opset=22),
-    Annotation("gelu-annotate", ("Mul",), _gelu_pattern, _gelu_check, _gelu_annotate,
-               doc="mark a primitive GELU chain (opset < 20)", max_opset=19),
-    Annotation("epilogue", PRODUCERS, _epilogue_pattern, _never, _epilogue_annotate,
-               doc="record bias/activation/residual steps after Conv/Gemm/MatMul in meta['dlcc.epilogue']"),
-]
-
 
 class PatternFusion(RulePass):
     name = "patterns"
-    doc = "recognize LayerNorm/RMSNorm/GELU chains; record Conv/Gemm/MatMul epilogues for the backend"
+    doc = "replace primitive LayerNorm/RMSNorm/GELU chains by LayerNormalization/RMSNormalization/Gelu"
     rules = RULES
-    annotations = ANNOTATIONS

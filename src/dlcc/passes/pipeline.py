@@ -19,7 +19,7 @@ from dlcc.passes.fuse_linear import LinearFusion
 from dlcc.passes.hoist import Hoisting
 from dlcc.passes.manager import Pass
 from dlcc.passes.patterns import PatternFusion
-from dlcc.passes.redundant import InversePairs, MarkViews, NoOpElimination, ReshapeChains
+from dlcc.passes.redundant import InversePairs, NoOpElimination, ReshapeChains
 from dlcc.passes.replace import OpReplacement
 
 MAX_LEVEL = 3
@@ -53,9 +53,8 @@ PIPELINE: list[tuple[int, Callable[[PipelineOptions], Pass]]] = [
     (2, lambda o: Hoisting()),
     # level 3: what the target lacks or prefers (the `onnx` target keeps standard ONNX)
     (3, lambda o: OpReplacement(o.target)),
-    # annotations for the backend (node meta; never change the ONNX output)
+    # constant axes/pads/... inputs into the attribute form where the model's opset defines one
     (1, lambda o: ConstantParams()),
-    (1, lambda o: MarkViews()),
     # last, so that whatever earlier passes orphaned is gone before the next round starts
     (1, lambda o: DeadCodeElimination()),
 ]

@@ -16,8 +16,7 @@ value that replaces it):
   Pow(x, 1) where the constant's broadcast changes neither shape nor dtype.
 - ``reshape-chains`` (``CHAIN_RULES``): chains of Reshape/Flatten/Squeeze/Unsqueeze with static shapes
   become one Reshape; Squeeze/Unsqueeze pairs on symbolic shapes become one Squeeze or Unsqueeze when the
-  axes compose. ``MarkViews`` (``ANNOTATIONS``) marks the Reshape/Flatten between a global pool and a
-  Gemm/MatMul that only drops unit dims with ``node.meta["dlcc.view"] = True``.
+  axes compose.
 - ``inverse-pairs`` (``INVERSE_RULES``, ``LOSSY_RULES``): Squeeze/Unsqueeze on the same axes, Transpose
   chains (composed; removed when the composition is the identity), Reshape of Reshape, lossless Cast
   round trips, DequantizeLinear -> QuantizeLinear with equal parameters, Slice that picks one Concat input.
@@ -37,7 +36,6 @@ import numpy as np
 import onnx_ir as ir
 
 from dlcc.passes.rewrite import (
-    Annotation,
     Builder,
     Rule,
     RulePass,
@@ -77,12 +75,6 @@ def _live(v: ir.Value | None) -> bool:
 
 def _ints(a) -> list[int]:
     return [int(x) for x in np.asarray(a).reshape(-1)]
-
-
-def _same_dim(a, b) -> bool:
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return a.value is not None and a.value == b.value
 
 
 def _forward(node: ir.Node, m: dict, b: Builder) -> list[ir.Value | None]:
@@ -592,44 +584,6 @@ CHAIN_RULES: list[Rule] = [
 ]
 
 
-# ---------------------------------------------------------------------------- view annotations
-
-
-def _gap_view_check(node: ir.Node) -> str | None:
-    x, out = node.inputs[0], node.outputs[0]
-    if producer(x, ("GlobalAveragePool", "GlobalMaxPool")) is None:
-        return "input is not a global pool"
-    if out.is_graph_output() or not out.uses():
-        return "output is a graph output or unused"
-    if any(u.node.op_type not in ("Gemm", "MatMul") or u.node.domain not in ("", "ai.onnx") for u in out.uses()):
-        return "a consumer is not Gemm/MatMul"
-    if x.shape is None or out.shape is None:
-        return "shapes unknown"
-    dims, want = list(x.shape), list(out.shape)
-    if len(want) >= len(dims):
-        return "drops no dims"
-    i = 0
-    for d in dims:  # out must be x with some static-1 dims left out
-        if i < len(want) and _same_dim(d, want[i]):
-            i += 1
-        elif not (isinstance(d, int) and d == 1):
-            return "changes more than unit dims"
-    return None if i == len(want) else "changes more than unit dims"
-
-
-def _mark_view(node: ir.Node, m: dict) -> bool:
-    if node.meta.get("dlcc.view"):
-        return False
-    node.meta["dlcc.view"] = True
-    return True
-
-
-ANNOTATIONS: list[Annotation] = [
-    Annotation("gap-reshape-view", ("Reshape", "Flatten"), lambda node: {}, lambda node, m: _gap_view_check(node),
-               _mark_view, doc="Reshape/Flatten from a global pool into Gemm/MatMul dropping unit dims is a view"),
-]
-
-
 # -------------------------------------------------------------------------------- inverse pairs
 
 
@@ -923,11 +877,3 @@ class InversePairs(RulePass):
         super().__init__()
         self.allow_lossy = allow_lossy
         self.rules = [*INVERSE_RULES, *(LOSSY_RULES if allow_lossy else [])]
-
-
-class MarkViews(RulePass):
-    """Runs ``ANNOTATIONS``: marks nodes, never rewrites; changed only when a mark was added."""
-
-    name = "mark-views"
-    doc = "mark the Reshape/Flatten between a global pool and Gemm/MatMul as a view"
-    annotations = ANNOTATIONS

@@ -401,62 +401,10 @@ def _remove_dead_producers(graph: ir.Graph, values: list[ir.Value]) -> None:
             del graph.initializers[v.name]
 
 
-# ------------------------------------------------------------------------------ annotation rules
-
-
-@dataclass(frozen=True)
-class Annotation:
-    """A rule that only writes ``node.meta`` (the graph stays unchanged); same shape as ``Rule``.
-
-    ``annotate(node, captures) -> bool`` returns whether it wrote something new. ``max_opset`` lets an
-    annotation stand in for a rewrite that needs an op the model's opset does not have.
-    """
-
-    name: str
-    roots: tuple[str, ...]
-    pattern: Callable[[ir.Node], dict | None]
-    check: Callable[[ir.Node, dict], str | None]
-    annotate: Callable[[ir.Node, dict], bool]
-    doc: str = ""
-    family: str = "annotation"
-    min_opset: int = 1
-    max_opset: int | None = None
-
-
-def apply_annotations(model: ir.Model, annotations: Sequence[Annotation],
-                      stats: RewriteStats | None = None) -> bool:
-    """One sweep of ``annotations`` over the main graph; returns whether any wrote something new."""
-    stats = stats or RewriteStats()
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
-    by_op: dict[str, list[Annotation]] = {}
-    for a in annotations:
-        if opset >= a.min_opset and (a.max_opset is None or opset <= a.max_opset):
-            for op in a.roots:
-                by_op.setdefault(op, []).append(a)
-    changed = False
-    for node in list(model.graph):
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        for a in by_op.get(node.op_type, ()):
-            m = a.pattern(node)
-            if m is None:
-                continue
-            why = a.check(node, m)
-            if why:
-                stats.refused[(a.name, why)] += 1
-                continue
-            if a.annotate(node, m):
-                stats.fired[a.name] += 1
-                changed = True
-    return changed
-
-
 class RulePass(Pass):
-    """Runs a rule set with the driver, then its annotations; subclasses set ``name``, ``rules`` and
-    optionally ``annotations``."""
+    """Runs a rule set with the driver; subclasses set ``name`` and ``rules``."""
 
     rules: Sequence[Rule] = ()
-    annotations: Sequence[Annotation] = ()
     choose_best = False  # see apply_rules
 
     def __init__(self) -> None:
@@ -466,8 +414,6 @@ class RulePass(Pass):
     def run(self, model: ir.Model) -> bool:
         stats = RewriteStats()
         changed = apply_rules(model, self.rules, stats=stats, choose_best=self.choose_best)
-        if self.annotations:
-            changed |= apply_annotations(model, self.annotations, stats)
         self.fired.update(stats.fired)
         self.refused = stats.refused
         return changed
