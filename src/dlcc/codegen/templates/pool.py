@@ -16,13 +16,20 @@ order than onnxruntime (tests use rtol 1e-4 for the averaging ops, DESIGN: reduc
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from dlcc.codegen.cbase import Names, TemplateError, TensorRef, c_float, indent, loops
+from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.conv import _flat_ok, _ints, _table, lin, spatial_pads
+from dlcc.lower.lir import Buf, Layout, print_func, verify_func
+from dlcc.schedule.dwconv import dw_func
+from dlcc.schedule.gemm import ConvGeometry
 
 
 @dataclass
@@ -176,6 +183,9 @@ def pool(call: TemplateCall) -> str:
             lo, hi = (0, i) if not include else (-a, i + e)
             counts.append([sum(1 for j in range(k) if lo <= t * s - a + j * d < hi) for t in range(o)])
 
+    if op == "AveragePool" and r == 2 and call.pack is not None and xref.strides[-1] == 1 and sref.contiguous:
+        return _average_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
+
     def body(n: str, c: str) -> str:
         parts = [_plane_init(call, [n, c], init)]
         parts.append(window_nest(names, dims, [_ptr(sref, [n, c, *zeros])], _ptr(xref, [n, c, *zeros]),
@@ -198,6 +208,43 @@ def pool(call: TemplateCall) -> str:
     return "\n".join([*decls, code])
 
 
+
+
+def _average_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks: list[int], strides: list[int],
+                          dils: list[int], pb: list[int], counts: list[list[int]]) -> str:
+    """A 2-D AveragePool as the loop IR's depthwise convolution (``schedule.dwconv``) with unit weights (one
+    row shared by every channel: channel stride 0), then the epilogue divides by the window's count (a
+    compile-time table of reciprocals per output pixel, as count_include_pad and the padding give it)."""
+    N, C, H, W = xref.shape
+    oh, ow = outs
+    g = ConvGeometry(C, H, W, oh, ow, ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
+    ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
+    recip = call.packed(np.array([1.0 / (cy * cx) if cy * cx else 0.0 for cy in counts[0] for cx in counts[1]],
+                                 dtype=np.float32))
+    sref = call.scratch
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    wt = Buf(ones.ptr, "float32", Layout.strided((C, ks[0] * ks[1]), (0, 1)))
+    cb = Buf(sref.ptr, "float32", Layout.strided((N, C, oh, ow), None, sref.offset))
+    f = dw_func(g, N, x, wt, cb, True, call.threads, name="avgpool", fresh=call.names)
+    _verify_avg_once(g, N, xref.shape, xref.strides, call.threads)
+
+    def store(idx, v):
+        n, ch, oy, ox = idx
+        return call.store([n, ch, oy, ox], f"{v} * {recip.ptr}[({oy}) * {ow} + ({ox})]")
+
+    text, micro = print_c(f, {ones.ptr: ones.ptr, xref.ptr: xref.ptr, sref.ptr: sref.ptr}, store, call.target.lanes)
+    call.micro.update(micro)
+    call.loop_ir.append(print_func(f))
+    return text
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_avg_once(g: ConvGeometry, batch: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                     threads: int) -> None:
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    wt = Buf("w", "float32", Layout.strided((g.ci, g.kh * g.kw), (0, 1)))
+    c = Buf("c", "float32", Layout.strided((batch, g.ci, g.oh, g.ow)))
+    verify_func(dw_func(g, batch, x, wt, c, True, threads))
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", needs_buffers=True)
