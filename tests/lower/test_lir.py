@@ -439,3 +439,25 @@ def test_batched_gemm_loop_ir_matches_numpy(batch, m, n, k, threads, transposed)
     run_func(f, {"a": a.ravel().copy(), "b": bdata, "c": c}, lambda i, v: seen.append(i))
     np.testing.assert_allclose(c.reshape(batch, m, n), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == batch * m * n
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_max_plane_micro_kernel_matches_its_contract(target):
+    """MaxPool's plane kernel (flat and row forms, padding, stride, dilation) against its contract."""
+    t = get_target(target)
+    rng = np.random.default_rng(9)
+    for h, w, k, s, d, pad in [(9, 8, 3, 1, 1, 1), (11, 12, 3, 2, 1, 1), (7, 7, 3, 1, 2, 2), (40, 70, 2, 2, 1, 0)]:
+        oh, ow = (h + 2 * pad - (k - 1) * d - 1) // s + 1, (w + 2 * pad - (k - 1) * d - 1) // s + 1
+        name = dwconv_micro(h, w, oh, ow, k, k, s, s, d, d, pad, pad, w, pool_max=True)
+        x = rng.standard_normal(h * w).astype(np.float32)
+        want = np.full(oh * ow, np.nan, np.float32)
+        MICRO[name].reference({"x": x, "w": np.ones(k * k, np.float32), "out": want}, {"x": 0, "w": 0, "out": 0}, {})
+        src = (PRELUDE + "#include <math.h>\n" + vector_helpers(t.lanes) + "\n" + micro_c(name, t.lanes)
+               + f"void w_(const float* x, const float* w, float* o) {{ dlcc_uk_{name}(x, w, o); }}\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = _build(src, tmp, t)
+            got = np.full(oh * ow, np.nan, np.float32)
+            ptr = ctypes.c_void_p
+            lib.w_.argtypes = [ptr, ptr, ptr]
+            lib.w_(x.ctypes.data_as(ptr), np.ones(k * k, np.float32).ctypes.data_as(ptr), got.ctypes.data_as(ptr))
+        np.testing.assert_array_equal(got, want)

@@ -25,7 +25,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
-_DWPLANE = re.compile(r"dwplane_(\d+(?:_\d+){12})$")
+_DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -35,7 +35,7 @@ def micro_c(name: str, lanes: int) -> str:
         return _im2col(name, *(int(v) for v in m.group(1).split("_")))
     m = _DWPLANE.match(name)
     if m is not None:
-        return _dwplane(name, *(int(v) for v in m.group(1).split("_")))
+        return _dwplane(name, *(int(v) for v in m.group(2).split("_")), pool_max=bool(m.group(1)))
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
@@ -124,34 +124,49 @@ def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: i
 
 
 def _dwplane(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
-             ph: int, pw: int, xh: int) -> str:
+             ph: int, pw: int, xh: int, pool_max: bool = False) -> str:
     """One output plane of a depthwise convolution (contract: ``lower.micro.dwconv_micro``), the geometry in
     constants. Per output row and kernel row inside the plane: the columns whose every tap is inside (a
     compile-time range) run as one loop of kw FMAs on loads at constant offsets (contiguous at stride 1: it
-    vectorizes); the edge columns test each tap."""
+    vectorizes); the edge columns test each tap. ``pool_max`` (``dwmaxplane_``): the maximum over the taps
+    inside instead of the weighted sum (-inf where none is; a NaN tap is skipped, as ``v > m ? v : m`` does)."""
     if sh == sw == 1 and ow == w == xh and oh * ow <= DW_FLAT_MAX:
-        return _dwflat(name, h, w, oh, ow, kh, kw, dh, dw, ph, pw, xh)
+        return _dwflat(name, h, w, oh, ow, kh, kw, dh, dw, ph, pw, xh, pool_max)
     lo = min(ow, -(-pw // sw))  # first ox whose leftmost tap is inside
     last = w - 1 + pw - (kw - 1) * dw
     hi = max(lo, min(ow, last // sw + 1 if last >= 0 else 0))
-    taps = " + ".join(f"w{kx} * r[ox * {sw} + {kx * dw - pw}]" for kx in range(kw))
-    edge = (f"for (int64_t kx = 0; kx < {kw}; ++kx) {{ const int64_t ix = ox * {sw} + kx * {dw} - {pw}; "
-            f"if (ix >= 0 && ix < {w}) s += wr[kx] * r[ix]; }}")
-    wdecl = " ".join(f"const float w{kx} = wr[{kx}];" for kx in range(kw))
+    if pool_max:
+        init = "(-INFINITY)"
+        taps_ = [f"r[ox * {sw} + {kx * dw - pw}]" for kx in range(kw)]
+        inner = "{ float m = o[ox]; " + " ".join(f"m = {t} > m ? {t} : m;" for t in taps_) + " o[ox] = m; }"
+        edge = (f"{{ float m = o[ox]; for (int64_t kx = 0; kx < {kw}; ++kx) {{ const int64_t ix = ox * {sw} + kx * {dw}"
+                f" - {pw}; if (ix >= 0 && ix < {w} && r[ix] > m) m = r[ix]; }} o[ox] = m; }}")
+        interior = f"for (int64_t ox = {lo}; ox < {hi}; ++ox) {inner}"
+        edges = (f"for (int64_t ox = 0; ox < {lo}; ++ox) {edge}\n"
+                 f"            for (int64_t ox = {hi}; ox < {ow}; ++ox) {edge}")
+        wdecl = "(void)wr;"
+    else:
+        init = "0.0f"
+        taps = " + ".join(f"w{kx} * r[ox * {sw} + {kx * dw - pw}]" for kx in range(kw))
+        edge = (f"for (int64_t kx = 0; kx < {kw}; ++kx) {{ const int64_t ix = ox * {sw} + kx * {dw} - {pw}; "
+                f"if (ix >= 0 && ix < {w}) s += wr[kx] * r[ix]; }}")
+        interior = f"for (int64_t ox = {lo}; ox < {hi}; ++ox) o[ox] += {taps};"
+        edges = (f"for (int64_t ox = 0; ox < {lo}; ++ox) {{ float s = 0.0f; {edge} o[ox] += s; }}\n"
+                 f"            for (int64_t ox = {hi}; ox < {ow}; ++ox) {{ float s = 0.0f; {edge} o[ox] += s; }}")
+        wdecl = " ".join(f"const float w{kx} = wr[{kx}];" for kx in range(kw))
     return f"""static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{
     for (int64_t oy = 0; oy < {oh}; ++oy) {{
         float* restrict o = out + oy * {ow};
         const int64_t iy0 = oy * {sh} - {ph};
-        for (int64_t ox = 0; ox < {ow}; ++ox) o[ox] = 0.0f;
+        for (int64_t ox = 0; ox < {ow}; ++ox) o[ox] = {init};
         for (int64_t ky = 0; ky < {kh}; ++ky) {{
             const int64_t iy = iy0 + ky * {dh};
             if (iy < 0 || iy >= {h}) continue;
             const float* restrict r = x + iy * {xh};
             const float* restrict wr = wt + ky * {kw};
             {wdecl}
-            for (int64_t ox = {lo}; ox < {hi}; ++ox) o[ox] += {taps};
-            for (int64_t ox = 0; ox < {lo}; ++ox) {{ float s = 0.0f; {edge} o[ox] += s; }}
-            for (int64_t ox = {hi}; ox < {ow}; ++ox) {{ float s = 0.0f; {edge} o[ox] += s; }}
+            {interior}
+            {edges}
         }}
     }}
 }}
@@ -162,7 +177,7 @@ DW_FLAT_MAX = 4096  # planes up to this many pixels take the flat form (a mask t
 
 
 def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: int, dw: int, ph: int, pw: int,
-            xh: int) -> str:
+            xh: int, pool_max: bool = False) -> str:
     """The plane of a stride-1 depthwise convolution whose output rows are as long as the input's (``ow ==
     w``): a tap (ky, kx) reads the input at the constant flat offset (ky*dh - ph)*xh + kx*dw - pw from the
     output pixel, so each tap is one loop over the pixels of its valid output rows (compile-time bounds), a
@@ -186,9 +201,15 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
             # pixels whose flat read leaves the plane have their tap outside the row: masked anyway
             p0, p1 = max(oy0 * ow, -off), min(oy1 * ow, last + 1 - off)
             if p0 < p1:
-                loops.append(f"{{ const float wk = wt[{ky * kw + kx}];\n"
-                             f"  for (int64_t p = {p0}; p < {p1}; ++p) "
-                             f"out[p] += m{kx}[p] ? wk * x[p + {off}] : 0.0f;\n}}")
-    body = "\n".join([*masks, f"for (int64_t p = 0; p < {n}; ++p) out[p] = 0.0f;", *loops])
+                if pool_max:
+                    loops.append(f"for (int64_t p = {p0}; p < {p1}; ++p) "
+                                 f"out[p] = (m{kx}[p] && x[p + {off}] > out[p]) ? x[p + {off}] : out[p];")
+                else:
+                    loops.append(f"{{ const float wk = wt[{ky * kw + kx}];\n"
+                                 f"  for (int64_t p = {p0}; p < {p1}; ++p) "
+                                 f"out[p] += m{kx}[p] ? wk * x[p + {off}] : 0.0f;\n}}")
+    init = "(-INFINITY)" if pool_max else "0.0f"
+    body = "\n".join([*masks, f"for (int64_t p = 0; p < {n}; ++p) out[p] = {init};", *loops,
+                      "(void)wt;" if pool_max else ""])
     return (f"static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{\n"
             f"{indent(body)}\n}}\n")

@@ -116,13 +116,14 @@ def im2col_micro(h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh
 
 
 def dwconv_micro(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int,
-                 pw: int, xh: int) -> str:
+                 pw: int, xh: int, pool_max: bool = False) -> str:
     """The name of one output plane of a depthwise (one channel) convolution, registering its contract.
 
     dwplane_...(x, w, out): out[oy*ow + ox] = sum_{ky, kx} w[ky*kw + kx] * x[iy*xh + ix] over the taps inside
-    the h x w plane, iy = oy*sh + ky*dh - ph, ix = ox*sw + kx*dw - pw (0 where no tap is inside)."""
+    the h x w plane, iy = oy*sh + ky*dh - ph, ix = ox*sw + kx*dw - pw (0 where no tap is inside);
+    ``pool_max`` (dwmaxplane_...): the maximum of those x values instead (-inf where none is, NaN skipped)."""
     geo = (h, w, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, xh)
-    name = "dwplane_" + "_".join(str(v) for v in geo)
+    name = ("dwmaxplane_" if pool_max else "dwplane_") + "_".join(str(v) for v in geo)
     if name in MICRO:
         return name
 
@@ -135,12 +136,16 @@ def dwconv_micro(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw
         out, oo = arrays["out"], offsets["out"]
         for oy in range(oh):
             for ox in range(ow):
-                acc = 0.0
+                acc = -np.inf if pool_max else 0.0
                 for ky in range(kh):
                     for kx in range(kw):
                         iy, ix = oy * sh + ky * dh - ph, ox * sw + kx * dw - pw
                         if 0 <= iy < h and 0 <= ix < w:
-                            acc += wt[ky * kw + kx] * float(x[xo + iy * xh + ix])
+                            v = float(x[xo + iy * xh + ix])
+                            if pool_max:
+                                acc = v if v > acc else acc
+                            else:
+                                acc += wt[ky * kw + kx] * v
                 out[oo + oy * ow + ox] = acc
 
     MICRO[name] = MicroKernel(

@@ -27,15 +27,17 @@ def dw_threads(g: ConvGeometry, batch: int, threads: int) -> int:
 
 
 def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool, threads: int = 1,
-            name: str = "dwconv", fresh: Callable[[str], str] = str) -> Func:
+            name: str = "dwconv", fresh: Callable[[str], str] = str, pool_max: bool = False) -> Func:
     """``c[b, ch, oy, ox] = sum_taps wt[ch, ky*kw + kx] * x[b, ch, iy, ix]`` (zero padding): ``x`` (N, C, H, W)
-    with unit column stride, ``wt`` (C, kh*kw), ``c`` (N, C, OH, OW) with unit column stride."""
+    with unit column stride, ``wt`` (C, kh*kw), ``c`` (N, C, OH, OW) with unit column stride. ``pool_max``: the
+    maximum over the taps inside instead (MaxPool; ``wt`` unread)."""
     C = g.ci
     T = dw_threads(g, batch, threads)
     t, b, ch, oy, ox = (Var(fresh(v)) for v in ("t", "b", "ch", "oy", "ox"))
     tv: Expr = t if T > 1 else Const(0)
     c0, c1 = (simplify(tv * C // T), simplify((tv + 1) * C // T)) if T > 1 else (Const(0), Const(C))
-    micro = dwconv_micro(g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, x.layout.dims[2][3])
+    micro = dwconv_micro(g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, x.layout.dims[2][3],
+                         pool_max)
     plane: tuple[Stmt, ...] = (Micro(micro, (Ptr(x, (b, ch, Const(0), Const(0))), Ptr(wt, (ch, Const(0))),
                                              Ptr(c, (b, ch, Const(0), Const(0))))),)
     if epilogue:

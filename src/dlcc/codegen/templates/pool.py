@@ -183,8 +183,8 @@ def pool(call: TemplateCall) -> str:
             lo, hi = (0, i) if not include else (-a, i + e)
             counts.append([sum(1 for j in range(k) if lo <= t * s - a + j * d < hi) for t in range(o)])
 
-    if op == "AveragePool" and r == 2 and call.pack is not None and xref.strides[-1] == 1 and sref.contiguous:
-        return _average_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
+    if r == 2 and call.pack is not None and xref.strides[-1] == 1 and sref.contiguous:
+        return _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts if op == "AveragePool" else None)
 
     def body(n: str, c: str) -> str:
         parts = [_plane_init(call, [n, c], init)]
@@ -210,27 +210,31 @@ def pool(call: TemplateCall) -> str:
 
 
 
-def _average_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks: list[int], strides: list[int],
-                          dils: list[int], pb: list[int], counts: list[list[int]]) -> str:
-    """A 2-D AveragePool as the loop IR's depthwise convolution (``schedule.dwconv``) with unit weights (one
-    row shared by every channel: channel stride 0), then the epilogue divides by the window's count (a
-    compile-time table of reciprocals per output pixel, as count_include_pad and the padding give it)."""
+def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks: list[int], strides: list[int],
+                       dils: list[int], pb: list[int], counts: list[list[int]] | None) -> str:
+    """A 2-D pool as the loop IR's depthwise plane kernel (``schedule.dwconv``). AveragePool (``counts``):
+    unit weights (one row shared by every channel: channel stride 0), then the epilogue divides by the
+    window's count (a compile-time table of reciprocals per output pixel, as count_include_pad and the
+    padding give it). MaxPool: the kernel's maximum form."""
     N, C, H, W = xref.shape
     oh, ow = outs
     g = ConvGeometry(C, H, W, oh, ow, ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
     ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
-    recip = call.packed(np.array([1.0 / (cy * cx) if cy * cx else 0.0 for cy in counts[0] for cx in counts[1]],
-                                 dtype=np.float32))
+    recip = None
+    if counts is not None:
+        recip = call.packed(np.array([1.0 / (cy * cx) if cy * cx else 0.0 for cy in counts[0] for cx in counts[1]],
+                                     dtype=np.float32))
     sref = call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     wt = Buf(ones.ptr, "float32", Layout.strided((C, ks[0] * ks[1]), (0, 1)))
     cb = Buf(sref.ptr, "float32", Layout.strided((N, C, oh, ow), None, sref.offset))
-    f = dw_func(g, N, x, wt, cb, True, call.threads, name="avgpool", fresh=call.names)
-    _verify_avg_once(g, N, xref.shape, xref.strides, call.threads)
+    epilogue = recip is not None or not call.direct
+    f = dw_func(g, N, x, wt, cb, epilogue, call.threads, name="pool", fresh=call.names, pool_max=recip is None)
+    _verify_pool_once(g, N, xref.shape, xref.strides, call.threads, epilogue, recip is None)
 
     def store(idx, v):
         n, ch, oy, ox = idx
-        return call.store([n, ch, oy, ox], f"{v} * {recip.ptr}[({oy}) * {ow} + ({ox})]")
+        return call.store([n, ch, oy, ox], f"{v} * {recip.ptr}[({oy}) * {ow} + ({ox})]" if recip is not None else v)
 
     text, micro = print_c(f, {ones.ptr: ones.ptr, xref.ptr: xref.ptr, sref.ptr: sref.ptr}, store, call.target.lanes)
     call.micro.update(micro)
@@ -239,12 +243,12 @@ def _average_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], 
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_avg_once(g: ConvGeometry, batch: int, shape: tuple[int, ...], strides: tuple[int, ...],
-                     threads: int) -> None:
+def _verify_pool_once(g: ConvGeometry, batch: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                      threads: int, epilogue: bool, pool_max: bool) -> None:
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wt = Buf("w", "float32", Layout.strided((g.ci, g.kh * g.kw), (0, 1)))
     c = Buf("c", "float32", Layout.strided((batch, g.ci, g.oh, g.ow)))
-    verify_func(dw_func(g, batch, x, wt, c, True, threads))
+    verify_func(dw_func(g, batch, x, wt, c, epilogue, threads, pool_max=pool_max))
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", needs_buffers=True)
