@@ -461,3 +461,28 @@ def test_max_plane_micro_kernel_matches_its_contract(target):
             lib.w_.argtypes = [ptr, ptr, ptr]
             lib.w_(x.ctypes.data_as(ptr), np.ones(k * k, np.float32).ctypes.data_as(ptr), got.ctypes.data_as(ptr))
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("c,h,w,co,k,s,pad", [(3, 9, 8, 70, 3, 1, 1), (5, 7, 7, 96, 3, 2, 1), (4, 10, 9, 64, 1, 2, 0)])
+def test_conv_gemm_with_a_shared_im2col_matches_numpy(c, h, w, co, k, s, pad):
+    """Threads over output channels: the im2col matrix gathered once, split over the threads (one parallel
+    loop), then shared by the per-channel products (a second parallel loop) -- "I" plans."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, c, k, k)).astype(np.float32)
+    ref = _conv_ref(x, wt, (s, s), (1, 1), (pad, pad))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(c, h, w, oh, ow, k, k, s, s, 1, 1, pad, pad)
+    p = dataclasses.replace(plan_gemm_conv(co, g, 1, TINY, 2), tm=1, tn=2, pack="I")
+    xb = Buf("x", "float32", Layout.strided((1, c, h, w)))
+    wp = Buf("wp", "float32", Layout.strided((p.col_panels, p.k, p.nr)))
+    cb = Buf("c", "float32", Layout.strided((1, co, oh * ow)))
+    ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
+    f = gemm_func_conv(p, g, xb, wp, cb, ws, True)
+    verify_func(f)
+    assert print_func(f).count("parallel for") == 2
+    out = np.full(co * oh * ow, np.nan, np.float32)
+    run_func(f, {"x": x.ravel().copy(), "wp": pack_b(wt.reshape(co, -1).T.copy(), p.nr).ravel(), "c": out})
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    body, _ = print_c(f, {"x": "x", "wp": "wp", "c": "c", "ws": "w"}, lambda i, v: "", 16)
+    assert body.count("/* dlcc:parallel */") == 2 and body.count("float* restrict ws = w;") == 2

@@ -135,6 +135,11 @@ class _Printer:
             return text
         if isinstance(s, Alloc):
             if s.buf.scope == "workspace":  # a pointer declaration: no block (a parallel loop may follow)
+                if sum(isinstance(x, For) and x.kind == "parallel" for x in s.body) > 1:
+                    # one block per statement, each declaring the pointer (the pool outlines one parallel
+                    # loop per block, with the declarations before it)
+                    decl = self.alloc(s.buf)
+                    return "\n".join("{\n" + indent(decl + "\n" + self.stmt(x)) + "\n}" for x in s.body)
                 return self.alloc(s.buf) + "\n" + self.stmts(s.body)
             return "{\n" + indent(self.alloc(s.buf) + "\n" + self.stmts(s.body)) + "\n}"
         if isinstance(s, Micro):

@@ -102,6 +102,8 @@ class GemmPlan:
             return self.kc * self.nc * self.nr
         if self.pack == "ab":  # B's K block, then one row micro-panel of A
             return self.kc * (self.col_panels * self.nr + self.mr)
+        if self.pack == "I":  # the whole im2col matrix (row panels, each k-major), shared by the threads
+            return self.row_blocks * self.mr * self.k // self.threads + 1
         if self.pack == "i":  # one row micro-panel, or all the thread's when B is blocked by columns
             return self.kc * self.mr * (self.rows_per_thread() if self.col_panels > self.nc else 1)
         return self.rows_per_thread() * self.mr * self.kc
@@ -339,6 +341,10 @@ def plan_gemm_conv(co: int, g: ConvGeometry, batch: int, target: Target, threads
             tn = threads
         elif p.row_blocks >= threads:
             tm = threads
+    if tn > 1 and batch == 1 and p.row_blocks >= threads:
+        # the im2col matrix gathered once, split over the threads, then shared (rather than gathered again by
+        # every thread for its output channels): "I"
+        return GemmPlan(p.m, p.n, p.k, p.mr, p.nr, p.kc, p.nc, tm, tn, "I", batch)
     return GemmPlan(p.m, p.n, p.k, p.mr, p.nr, p.kc, p.nc, tm, tn, "i", batch)
 
 
@@ -377,8 +383,11 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
         value: Expr = Load(x, (b, k // taps, iy, ix))  # no padding: every tap is inside
     else:
         value = Select(inside, Load(x, (b, k // taps, clamp(iy, g.h), clamp(ix, g.w))), Const(0.0, "float32"))
+    shared = p.pack == "I"
     blocked = p.nc < NP  # B's kc x Co block overflows L2: column blocks outside, the thread's rows packed once
-    if blocked:
+    if shared:  # row panel ib holds all of K (k-major): its K block pc starts at k0 * rows
+        base = simplify(ib * (K * MR) + k0 * rows)
+    elif blocked:
         base = simplify(base + (ib - rb0) * (KC * MR))
     pack: Stmt = For(kk, Const(0), kcv, (For(r, Const(0), rows, (Store(ws, (base + kk * rows + r,), value),)),))
     xd = x.layout.dims
@@ -401,6 +410,19 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
 
     tail = M % MR
     tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    if shared:
+        # phase 1: the threads gather row panels (all of K) into the shared workspace; phase 2: each runs
+        # its output channels over every row panel, K block by K block
+        t1, q = Var(fresh("t")), Var(fresh("ib"))
+        gather = Micro(pack.name, (Const(K), Const(0), q * MR, _subst_rows(rows, ib, q), pack.args[4],
+                                   Ptr(ws, (q * (K * MR),)))) if isinstance(pack, Micro) else \
+            For(kk, Const(0), Const(K), (For(r, Const(0), _subst_rows(rows, ib, q), (
+                Store(ws, (q * (K * MR) + kk * _subst_rows(rows, ib, q) + r,), _subst_value(value, ib, q, k0, pc)),)),))
+        phase1 = For(t1, Const(0), Const(T), (For(q, simplify(t1 * MB // T), simplify((t1 + 1) * MB // T), (
+            For(b, Const(0), Const(1), (gather,)),)),), "parallel")
+        phase2 = For(t, Const(0), Const(T), (For(b, Const(0), Const(1), (For(pc, Const(0), Const(NK), (
+            For(ib, Const(0), Const(MB), (For(jp, cb0, cb1, tiles),)),)),)),), "parallel")
+        return Func(name, (x, wp, c), (Alloc(ws, (phase1, phase2)),), (ws,))
     if blocked:
         jb = Var(fresh("jb"))
         jfirst = cb0 + jb * p.nc
@@ -482,3 +504,16 @@ def gemm_batched_dims(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tup
     for d in a_shape[:-2]:
         batch *= d
     return (batch, m, n, k) if batch >= 1 else None
+
+
+def _subst_rows(rows: Expr, ib: Var, q: Var) -> Expr:
+    from dlcc.lower.lir import _subst
+
+    return simplify(_subst(rows, ib.name, q))
+
+
+def _subst_value(value: Expr, ib: Var, q: Var, k0: Expr, pc: Var) -> Expr:
+    """The im2col element expression for row panel ``q`` and absolute k (the K block's origin set to 0)."""
+    from dlcc.lower.lir import _subst
+
+    return simplify(_subst(_subst(value, ib.name, q), pc.name, Const(0)))
