@@ -23,59 +23,42 @@ __all__ = ["dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro"]
 
 def gemm_micro(mr: int, nr: int) -> str:
     """The name of the mr x nr GEMM micro-kernel, registering its contract on first use."""
-    name = f"gemm_{mr}x{nr}"
-    if name in MICRO:
-        return name
-
-    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        kc = max(s["kc"], 1)
-        return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": (mr, s["ldc"], max(s["ncols"], 1))}
-
-    def reference(arrays, offsets, s) -> None:
-        kc, ldc, nc = s["kc"], s["ldc"], s["ncols"]
-        a = arrays["a"][offsets["a"]:offsets["a"] + kc * mr].reshape(kc, mr).astype(np.float64)
-        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
-        prod = a.T @ b
-        c, o = arrays["c"], offsets["c"]
-        for r in range(mr):
-            row = slice(o + r * ldc, o + r * ldc + nc)
-            base = c[row].astype(np.float64) if s["acc"] else 0.0
-            c[row] = (base + prod[r, :nc]).astype(c.dtype)
-
-    MICRO[name] = MicroKernel(
-        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
-               ("ncols", "int")),
-        f"c[r*ldc + j] (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}",
-        footprint, reference)
-    return name
+    return _gemm_contract(mr, nr, transposed=False)
 
 
 def gemmt_micro(mr: int, nr: int) -> str:
     """The mr x nr GEMM micro-kernel that stores its tile transposed, registering its contract."""
-    name = f"gemmt_{mr}x{nr}"
+    return _gemm_contract(mr, nr, transposed=True)
+
+
+def _gemm_contract(mr: int, nr: int, transposed: bool) -> str:
+    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}"
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        kc = max(s["kc"], 1)
-        return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": (max(s["ncols"], 1), s["ldc"], mr)}
+        kc, nc = max(s["kc"], 1), max(s["ncols"], 1)
+        c = (nc, s["ldc"], mr) if transposed else (mr, s["ldc"], nc)
+        return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": c}
 
     def reference(arrays, offsets, s) -> None:
         kc, ldc, nc = s["kc"], s["ldc"], s["ncols"]
         a = arrays["a"][offsets["a"]:offsets["a"] + kc * mr].reshape(kc, mr).astype(np.float64)
         b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
-        prod = a.T @ b
+        prod = a.T @ b  # [mr, nr]
         c, o = arrays["c"], offsets["c"]
-        for j in range(nc):
-            col = slice(o + j * ldc, o + j * ldc + mr)
-            base = c[col].astype(np.float64) if s["acc"] else 0.0
-            c[col] = (base + prod[:, j]).astype(c.dtype)
+        lines = [(o + jj * ldc, prod[:, jj], mr) for jj in range(nc)] if transposed else \
+            [(o + r * ldc, prod[r, :nc], nc) for r in range(mr)]
+        for start, values, n in lines:
+            at = slice(start, start + n)
+            base = c[at].astype(np.float64) if s["acc"] else 0.0
+            c[at] = (base + values).astype(c.dtype)
 
+    where = "c[j*ldc + r]" if transposed else "c[r*ldc + j]"
     MICRO[name] = MicroKernel(
         name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
                ("ncols", "int")),
-        f"c[j*ldc + r] (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}",
-        footprint, reference)
+        f"{where} (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}", footprint, reference)
     return name
 
 

@@ -168,16 +168,10 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bo
     ``c``; per thread, per K block and column block, that block of x is packed into the thread's slice of
     ``ws`` (k-major micro-panels of nr columns), then every row micro-panel of A runs against it."""
     M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
-    MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
+    NK, T = p.k_blocks, p.threads
     t, b, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "jb", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
-    if p.tm > 1:
-        rb0, rb1, cb0, cb1 = tv * MB // p.tm, (tv + 1) * MB // p.tm, Const(0), Const(NP)
-    elif p.tn > 1:
-        rb0, rb1, cb0, cb1 = Const(0), Const(MB), tv * NP // p.tn, (tv + 1) * NP // p.tn
-    else:
-        rb0, rb1, cb0, cb1 = Const(0), Const(MB), Const(0), Const(NP)
-    rb0, rb1, cb0, cb1 = (simplify(e) for e in (rb0, rb1, cb0, cb1))
+    rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
     k0 = pc * KC
     kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
     rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
@@ -190,20 +184,8 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bo
             "vectorized"),)),))
     a_panel = simplify(ib * (K * MR) + k0 * rows)
 
-    def tile(mr: int) -> tuple[Stmt, ...]:
-        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
-        call = Micro(gemm_micro(mr, NR), (kcv, Ptr(ap, (a_panel,)), Ptr(ws, (panel,)), Ptr(c, (b, ib * MR, jp * NR)),
-                                          Const(c.layout.dims[1][3]), acc, cols))
-        if not epilogue:
-            return (call,)
-        row = ib * MR + r
-        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
-        ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue((b, row, j), Load(c, (b, row, j))),),
-                                             "vectorized"),))
-        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
-
-    tail = M % MR
-    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    tiles = _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ap, (a_panel,)), Ptr(ws, (panel,)), c,
+                   Const(c.layout.dims[1][3]), cols, epilogue)
     nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
     compute = For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),))
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (
@@ -220,16 +202,10 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     workspace_floats). With ``epilogue``, every finished tile is handed to the fused epilogue while it is
     in L1. ``fresh`` names the loop variables."""
     M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
-    MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
+    NK, T = p.k_blocks, p.threads
     t, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "pc", "jb", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
-    if p.tm > 1:
-        rb0, rb1, cb0, cb1 = tv * MB // p.tm, (tv + 1) * MB // p.tm, Const(0), Const(NP)
-    elif p.tn > 1:
-        rb0, rb1, cb0, cb1 = Const(0), Const(MB), tv * NP // p.tn, (tv + 1) * NP // p.tn
-    else:
-        rb0, rb1, cb0, cb1 = Const(0), Const(MB), Const(0), Const(NP)
-    rb0, rb1, cb0, cb1 = (simplify(x) for x in (rb0, rb1, cb0, cb1))
+    rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
     k0 = pc * KC
     kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
     rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
@@ -237,21 +213,9 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     pack = For(ib, rb0, rb1, (For(kk, Const(0), kcv, (
         For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),)),))
 
-    def tile(mr: int) -> tuple[Stmt, ...]:
-        cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
-        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
-        call = Micro(gemm_micro(mr, NR), (kcv, Ptr(ws, (panel,)), Ptr(bp, (jp, k0, Const(0))),
-                                          Ptr(c, (ib * MR, jp * NR)), Const(N), acc, cols))
-        if not epilogue:
-            return (call,)
-        row = ib * MR + r
-        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
-        ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue((row, j), Load(c, (row, j))),),
-                                             "vectorized"),))
-        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
-
-    tail = M % MR
-    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), Ptr(bp, (jp, k0, Const(0))), c, Const(N), cols,
+                   epilogue)
     jfirst = cb0 + jb * p.nc
     jlast = Bin("min", cb1, jfirst + p.nc)
     nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
@@ -359,8 +323,7 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
     t, b, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
-    rb0, rb1 = (simplify(tv * MB // p.tm), simplify((tv + 1) * MB // p.tm)) if p.tm > 1 else (Const(0), Const(MB))
-    cb0, cb1 = (simplify(tv * NP // p.tn), simplify((tv + 1) * NP // p.tn)) if p.tn > 1 else (Const(0), Const(NP))
+    rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
     k0 = pc * KC
     kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
     rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
@@ -397,19 +360,8 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
         name_ = im2col_micro(g.h, g.w, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, xd[1][3], xd[2][3], MR)
         pack = Micro(name_, (kcv, k0, ib * MR, rows, Ptr(x, (b, Const(0), Const(0), Const(0))), Ptr(ws, (base,))))
 
-    def tile(mr: int) -> tuple[Stmt, ...]:
-        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
-        call = Micro(gemmt_micro(mr, NR), (kcv, Ptr(ws, (base,)), Ptr(wp, (jp, k0, Const(0))),
-                                           Ptr(c, (b, jp * NR, ib * MR)), Const(c.layout.dims[1][3]), acc, cols))
-        if not epilogue:
-            return (call,)
-        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
-        ep = For(j, jp * NR, jstop, (For(r, Const(0), Const(mr), (
-            Epilogue((b, j, ib * MR + r), Load(c, (b, j, ib * MR + r))),), "vectorized"),))
-        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
-
-    tail = M % MR
-    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    tiles = _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ws, (base,)), Ptr(wp, (jp, k0, Const(0))), c,
+                   Const(c.layout.dims[1][3]), cols, epilogue, transposed=True)
     if shared:
         # phase 1: the threads gather row panels (all of K) into the shared workspace; phase 2: each runs
         # its output channels over every row panel, K block by K block
@@ -470,20 +422,8 @@ def gemm_func_batched(p: GemmPlan, a: Buf, b: Buf, c: Buf, ws: Buf, epilogue: bo
     pack_a_ = For(kk, Const(0), kcv, (For(r, Const(0), rows, (
         Store(ws, (abase + kk * rows + r,), Load(a, (q, ib * MR + r, k0 + kk))),)),))
 
-    def tile(mr: int) -> tuple[Stmt, ...]:
-        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
-        call = Micro(gemm_micro(mr, NR), (kcv, Ptr(ws, (abase,)), Ptr(ws, (bpanel,)), Ptr(c, (q, ib * MR, jp * NR)),
-                                          Const(c.layout.dims[1][3]), acc, cols))
-        if not epilogue:
-            return (call,)
-        row = ib * MR + r
-        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
-        ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue((q, row, j), Load(c, (q, row, j))),),
-                                             "vectorized"),))
-        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
-
-    tail = M % MR
-    tiles = tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+    tiles = _tiles(p, ib, jp, pc, r, j, (q,), kcv, Ptr(ws, (abase,)), Ptr(ws, (bpanel,)), c,
+                   Const(c.layout.dims[1][3]), cols, epilogue)
     per_k = (pack_b_, For(ib, Const(0), Const(MB), (pack_a_, For(jp, Const(0), Const(NP), tiles))))
     body: tuple[Stmt, ...] = (For(q, q0, q1, (For(pc, Const(0), Const(NK), per_k),)),)
     if T > 1:
@@ -517,3 +457,38 @@ def _subst_value(value: Expr, ib: Var, q: Var, k0: Expr, pc: Var) -> Expr:
     from dlcc.lower.lir import _subst
 
     return simplify(_subst(_subst(value, ib.name, q), pc.name, Const(0)))
+
+
+def _tiles(p: GemmPlan, ib: Var, jp: Var, pc: Var, r: Var, j: Var, lead: tuple[Expr, ...], kcv: Expr, a_ptr: Ptr,
+           b_ptr: Ptr, c: Buf, ldc: Expr, cols: Expr, epilogue: bool, transposed: bool = False) -> tuple[Stmt, ...]:
+    """Tile (ib, jp) of C (indices ``lead`` before its two matrix axes): the micro-kernel call and, after the
+    last K block, the tile's epilogue while it is in L1; the last row panel takes the tail variant.
+    ``transposed``: C holds the tile transposed (columns as rows: the pixels-as-rows convolution)."""
+    M, N, MR, NR, NK, MB = p.m, p.n, p.mr, p.nr, p.k_blocks, p.row_blocks
+
+    def tile(mr: int) -> tuple[Stmt, ...]:
+        acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
+        name = (gemmt_micro if transposed else gemm_micro)(mr, NR)
+        cptr = Ptr(c, (*lead, jp * NR, ib * MR) if transposed else (*lead, ib * MR, jp * NR))
+        call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols))
+        if not epilogue:
+            return (call,)
+        jstop = Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
+        if transposed:
+            idx = (*lead, j, ib * MR + r)
+            ep = For(j, jp * NR, jstop, (For(r, Const(0), Const(mr), (Epilogue(idx, Load(c, idx)),), "vectorized"),))
+        else:
+            idx = (*lead, ib * MR + r, j)
+            ep = For(r, Const(0), Const(mr), (For(j, jp * NR, jstop, (Epilogue(idx, Load(c, idx)),), "vectorized"),))
+        return (call, If(Bin("==", pc, Const(NK - 1)), (ep,)) if NK > 1 else ep)
+
+    tail = M % MR
+    return tile(MR) if not tail else (If(Bin("<", ib, Const(MB - 1)), tile(MR), tile(tail)),)
+
+
+def _thread_ranges(p: GemmPlan, tv: Expr) -> tuple[Expr, Expr, Expr, Expr]:
+    """Thread ``tv``'s row micro-panels [rb0, rb1) and column micro-panels [cb0, cb1) under ``p``'s split."""
+    MB, NP = p.row_blocks, p.col_panels
+    rb0, rb1 = (tv * MB // p.tm, (tv + 1) * MB // p.tm) if p.tm > 1 else (Const(0), Const(MB))
+    cb0, cb1 = (tv * NP // p.tn, (tv + 1) * NP // p.tn) if p.tn > 1 else (Const(0), Const(NP))
+    return simplify(rb0), simplify(rb1), simplify(cb0), simplify(cb1)
