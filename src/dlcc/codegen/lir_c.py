@@ -172,6 +172,7 @@ class _Printer:
 
 def print_c(f: Func, ptrs: dict[str, str], store: Callable[[Sequence[str], str], str] | None = None,
             lanes: int = 4) -> tuple[str, set[str]]:
-    """C statements computing ``f`` (parameters and workspace at ``ptrs``) and the micro-kernels it calls."""
-    p = _Printer(ptrs, store, lanes)
+    """C statements computing ``f`` and the micro-kernels it calls. A parameter is the C pointer of its name
+    unless ``ptrs`` says otherwise; workspace buffers are at ``ptrs``."""
+    p = _Printer({**{b.name: b.name for b in f.params}, **ptrs}, store, lanes)
     return p.stmts(f.body), p.micro

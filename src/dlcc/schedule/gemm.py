@@ -167,15 +167,12 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bo
     ``pack_a`` (1-D), ``x`` (batch x K x N) and ``c`` (batch x M x N) any strides with unit column stride in
     ``c``; per thread, per K block and column block, that block of x is packed into the thread's slice of
     ``ws`` (k-major micro-panels of nr columns), then every row micro-panel of A runs against it."""
-    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    K, MR, NR, KC = p.k, p.mr, p.nr, p.kc
     NK, T = p.k_blocks, p.threads
     t, b, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "jb", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
     rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
-    k0 = pc * KC
-    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
-    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
-    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+    k0, kcv, rows, cols = _edges(p, pc, ib, jp)
     jfirst = cb0 + jb * p.nc
     jlast = Bin("min", cb1, jfirst + p.nc)
     panel = simplify(tv * p.workspace_floats + (jp - jfirst) * (KC * NR))
@@ -201,19 +198,16 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     (B packed: col_panels x K x nr), ``c`` (M x N, row stride N), ``ws`` (the declared workspace, threads x
     workspace_floats). With ``epilogue``, every finished tile is handed to the fused epilogue while it is
     in L1. ``fresh`` names the loop variables."""
-    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    N, MR, KC = p.n, p.mr, p.kc
     NK, T = p.k_blocks, p.threads
     t, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "pc", "jb", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
     rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
-    k0 = pc * KC
-    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
-    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
+    k0, kcv, rows, cols = _edges(p, pc, ib, jp)
     panel = simplify(tv * p.workspace_floats + (ib - rb0) * (KC * MR))
     pack = For(ib, rb0, rb1, (For(kk, Const(0), kcv, (
         For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),)),))
 
-    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
     tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), Ptr(bp, (jp, k0, Const(0))), c, Const(N), cols,
                    epilogue)
     jfirst = cb0 + jb * p.nc
@@ -322,15 +316,12 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     Per image, K block and row micro-panel of pixels, the panel's im2col values are gathered into the
     thread's workspace (zero in the padding, read through clamped indices), then every column micro-panel
     of output channels runs the transposed-store micro-kernel against it."""
-    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    K, MR, KC = p.k, p.mr, p.kc
     MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
     t, b, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
     rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
-    k0 = pc * KC
-    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
-    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
-    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+    k0, kcv, rows, cols = _edges(p, pc, ib, jp)
     base = simplify(tv * p.workspace_floats)
     # im2col(pix, k): pix = (oy, ox), k = (ci, ky, kx); iy = oy*sh + ky*dh - ph, ix = ox*sw + kx*dw - pw
     pix, k = ib * MR + r, k0 + kk
@@ -408,15 +399,12 @@ def gemm_func_batched(p: GemmPlan, a: Buf, b: Buf, c: Buf, ws: Buf, epilogue: bo
     strides (a transposed view is read as it is: the packing absorbs it), ``c`` (batch, M, N) with unit
     column stride. The thread's workspace slice holds B's packed K block (col_panels x kc x nr) then one
     packed row micro-panel of A (kc x mr)."""
-    M, N, K, MR, NR, KC = p.m, p.n, p.k, p.mr, p.nr, p.kc
+    MR, NR, KC = p.mr, p.nr, p.kc
     MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
     t, q, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "q", "pc", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
     q0, q1 = (simplify(tv * p.batch // T), simplify((tv + 1) * p.batch // T)) if T > 1 else (Const(0), Const(p.batch))
-    k0 = pc * KC
-    kcv = Bin("min", Const(KC), Const(K) - k0) if K % KC else Const(KC)
-    rows = Bin("min", Const(MR), Const(M) - ib * MR) if M % MR else Const(MR)
-    cols = Bin("min", Const(NR), Const(N) - jp * NR) if N % NR else Const(NR)
+    k0, kcv, rows, cols = _edges(p, pc, ib, jp)
     bbase = simplify(tv * p.workspace_floats)
     abase = simplify(bbase + NP * KC * NR)
     bpanel = simplify(bbase + jp * (KC * NR))
@@ -495,3 +483,13 @@ def _thread_ranges(p: GemmPlan, tv: Expr) -> tuple[Expr, Expr, Expr, Expr]:
     rb0, rb1 = (tv * MB // p.tm, (tv + 1) * MB // p.tm) if p.tm > 1 else (Const(0), Const(MB))
     cb0, cb1 = (tv * NP // p.tn, (tv + 1) * NP // p.tn) if p.tn > 1 else (Const(0), Const(NP))
     return simplify(rb0), simplify(rb1), simplify(cb0), simplify(cb1)
+
+
+def _edges(p: GemmPlan, pc: Var, ib: Var, jp: Var) -> tuple[Expr, Expr, Expr, Expr]:
+    """K block ``pc``'s first k and length, row micro-panel ``ib``'s rows and column micro-panel ``jp``'s
+    columns (each clipped at the matrix's edge, a constant where the blocks divide it)."""
+    k0 = pc * p.kc
+    kcv = Bin("min", Const(p.kc), Const(p.k) - k0) if p.k % p.kc else Const(p.kc)
+    rows = Bin("min", Const(p.mr), Const(p.m) - ib * p.mr) if p.m % p.mr else Const(p.mr)
+    cols = Bin("min", Const(p.nr), Const(p.n) - jp * p.nr) if p.n % p.nr else Const(p.nr)
+    return k0, kcv, rows, cols

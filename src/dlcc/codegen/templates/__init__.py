@@ -30,6 +30,8 @@ import numpy as np
 import onnx_ir as ir
 
 from dlcc.codegen.cbase import Names, Operand, Store, TensorRef
+from dlcc.codegen.lir_c import print_c
+from dlcc.lower.lir import Func, print_func
 from dlcc.schedule.target import Target, get_target
 
 __all__ = ["NEEDS_BUFFERS", "TEMPLATES", "TemplateCall", "register"]
@@ -58,6 +60,14 @@ class TemplateCall:
         if self.pack is None:
             raise RuntimeError("this call cannot pack weights")
         return self.pack(np.ascontiguousarray(array))
+
+    def emit(self, f: Func, store: Store, ptrs: dict[str, str] | None = None) -> str:
+        """The C of loop-IR function ``f`` (``lir_c.print_c``; ``ptrs``: where its workspace is), its micro-kernels
+        added to ``micro`` and its listing to ``loop_ir``."""
+        text, micro = print_c(f, ptrs or {}, store, self.target.lanes)
+        self.micro.update(micro)
+        self.loop_ir.append(print_func(f))
+        return text
 
     def parallel(self, flops: float) -> bool:
         """Whether to mark a loop for the thread pool: more than one thread, and enough work (``flops``)

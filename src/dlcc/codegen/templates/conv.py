@@ -33,10 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent, loops
-from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
-from dlcc.lower.lir import Buf, Layout, print_func, verify_func
+from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -258,11 +257,7 @@ def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref:
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
 
-    text, micro = print_c(f, {apk.ptr: apk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
-                          call.target.lanes)
-    call.micro.update(micro)
-    call.loop_ir.append(print_func(f))
-    return text
+    return call.emit(f, store, {wsb.name: ws.base()})
 
 
 def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
@@ -290,11 +285,7 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
 
-    text, micro = print_c(f, {bpk.ptr: bpk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}, store,
-                          call.target.lanes)
-    call.micro.update(micro)
-    call.loop_ir.append(print_func(f))
-    return text
+    return call.emit(f, store, {wsb.name: ws.base()})
 
 
 @functools.lru_cache(maxsize=256)
@@ -325,10 +316,7 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
         val = f"{v} + {bref.at([ch])}" if bref is not None else v
         return call.store([n, ch, oy, ox], val)
 
-    text, micro = print_c(f, {wpk.ptr: wpk.ptr, xref.ptr: xref.ptr, c.ptr: c.ptr}, store, call.target.lanes)
-    call.micro.update(micro)
-    call.loop_ir.append(print_func(f))
-    return text
+    return call.emit(f, store)
 
 
 @functools.lru_cache(maxsize=256)

@@ -22,10 +22,9 @@ import numpy as np
 
 from dlcc.codegen.cbase import TemplateError, TensorRef, c_float, indent, loops
 from dlcc.codegen.expr import broadcast_index
-from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
-from dlcc.lower.lir import Buf, Layout, print_func, verify_func
+from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.gemm import (
     MIN_N,
     GemmPlan,
@@ -123,11 +122,7 @@ class _Gemm:
             i = row if math.prod(batch) == 1 else f"(({row}) % {m})"
             return self.epilogue(bidx, i, idx[1], v)
 
-        text, micro = print_c(f, {aref.ptr: aref.ptr, packed.ptr: packed.ptr, c.ptr: c.ptr, wsb.name: ws.base()},
-                              store, call.target.lanes)
-        call.micro.update(micro)
-        call.loop_ir.append(print_func(f))
-        return text
+        return call.emit(f, store, {wsb.name: ws.base()})
 
     # -- two run-time operands (attention): the batched packed GEMM of the loop IR
     def _batched_lir(self) -> str | None:
@@ -151,19 +146,14 @@ class _Gemm:
         wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
         f = gemm_func_batched(plan, a, b, cb, wsb, not self.trivial, fresh=names)
         _verify_batched_once(plan, a3, b3, not self.trivial, ws.size)
-        batch, m = self.batch, self.m
+        batch = self.batch
 
         def store(idx, v):
             q = idx[0]
             bidx = ["0" if d == 1 else f"(({q}) / {math.prod(batch[i + 1:])}) % {d}" for i, d in enumerate(batch)]
             return self.epilogue(bidx, idx[1], idx[2], v)
 
-        ptrs = {aref.ptr: aref.ptr, bref.ptr: bref.ptr, c.ptr: c.ptr, wsb.name: ws.base()}
-        text, micro = print_c(f, ptrs, store, call.target.lanes)
-        call.micro.update(micro)
-        call.loop_ir.append(print_func(f))
-        del m
-        return text
+        return call.emit(f, store, {wsb.name: ws.base()})
 
     # -- B access for the panel kernel
     def _setup_panels(self) -> None:

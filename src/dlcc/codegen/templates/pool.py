@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlcc.codegen.cbase import Names, TemplateError, TensorRef, c_float, indent, loops
-from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.conv import _flat_ok, _ints, _table, lin, spatial_pads
-from dlcc.lower.lir import Buf, Layout, print_func, verify_func
+from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import ConvGeometry
 
@@ -236,10 +235,7 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
         n, ch, oy, ox = idx
         return call.store([n, ch, oy, ox], f"{v} * {recip.ptr}[({oy}) * {ow} + ({ox})]" if recip is not None else v)
 
-    text, micro = print_c(f, {ones.ptr: ones.ptr, xref.ptr: xref.ptr, sref.ptr: sref.ptr}, store, call.target.lanes)
-    call.micro.update(micro)
-    call.loop_ir.append(print_func(f))
-    return text
+    return call.emit(f, store)
 
 
 @functools.lru_cache(maxsize=256)
