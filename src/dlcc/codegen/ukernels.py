@@ -11,6 +11,10 @@ feeds nr / lanes FMAs. A full-width tile is added to (``acc``) and stored into C
 stores; a narrower one (the matrix's last columns) goes through a small local tile.
 gemmt_{mr}x{nr}: the same tile stored transposed (column j of the tile is mr consecutive floats of C),
 through a local tile.
+dconv_{no}x{px}_...: no / lanes x px vector accumulators (output channels in the lanes); per input channel
+and tap, the no output channels' weights are loaded once (no / lanes vectors) and each of the px input
+pixels is broadcast once and feeds no / lanes FMAs; the tile is stored pixel-major (channels contiguous).
+nchwc_...: a transposing copy, each output pixel's cbi channels gathered from cbi planes.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
+_DCONV = re.compile(r"dconv_(\d+)x(\d+)_(\d+(?:_\d+){7})$")
+_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -36,6 +42,12 @@ def micro_c(name: str, lanes: int) -> str:
     m = _DWPLANE.match(name)
     if m is not None:
         return _dwplane(name, *(int(v) for v in m.group(2).split("_")), pool_max=bool(m.group(1)))
+    m = _DCONV.match(name)
+    if m is not None:
+        return _dconv(name, int(m.group(1)), int(m.group(2)), *(int(v) for v in m.group(3).split("_")), lanes=lanes)
+    m = _NCHWC.match(name)
+    if m is not None:
+        return _nchwc(name, *(int(v) for v in m.group(1).split("_")))
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
@@ -213,3 +225,58 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
                       "(void)wt;" if pool_max else ""])
     return (f"static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{\n"
             f"{indent(body)}\n}}\n")
+
+
+def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
+           lanes: int) -> str:
+    """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
+    output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
+    loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand). Without dilation
+    along the row, a kernel row's taps and channels are one run of kw*cbi consecutive inputs per pixel."""
+    if no % lanes:
+        raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
+    nv = no // lanes
+    acc = [[f"a{j}_{p}" for p in range(px)] for j in range(nv)]
+    inner = [f"const dlcc_vf w{j} = dlcc_vf_load(w + {j * lanes});" for j in range(nv)]
+    for p in range(px):
+        fmas = " ".join(f"{acc[j][p]} += w{j} * xv;" for j in range(nv))
+        inner.append(f"{{ const float xv = xp[{p * sw * cbi} + i]; {fmas} }}")
+    inner.append(f"w += {no};")
+    lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
+    lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
+    body = indent("\n".join(inner), 3)
+    if dw == 1:
+        taps = (f"    {{\n        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow};\n"
+                f"        for (int64_t i = 0; i < {kw * cbi}; ++i) {{\n{body}\n        }}\n    }}")
+    else:
+        taps = (f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{\n"
+                f"        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow} + kx * {dw * cbi};\n"
+                f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
+    lines.append(f"for (int64_t b = 0; b < ncb; ++b)\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n{indent(taps)}")
+    lines += [f"dlcc_vf_store(c + {p * no + j * lanes}, {acc[j][p]});" for p in range(px) for j in range(nv)]
+    return (f"static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
+            f"float* restrict c) {{\n{indent(chr(10).join(lines))}\n}}\n")
+
+
+def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:
+    """The repacking of one channel block with its zero ring (contract: ``lower.micro.nchwc_micro``): rows in
+    the ring are zeroed whole; inside, each pixel's cbi channels are gathered (stores stay contiguous). Rows
+    and columns beyond hp x wp (which no tap reads) are not copied."""
+    wc = max(0, min(w, wp - pw))  # columns copied
+    return f"""static void dlcc_uk_{name}(const float* restrict x, int64_t xc, int64_t xh, int64_t nci,
+                                float* restrict ws) {{
+    for (int64_t yy = 0; yy < {hp}; ++yy) {{
+        float* restrict d = ws + yy * {wp * cbi};
+        const int64_t iy = yy - {ph};
+        if (iy < 0 || iy >= {h}) {{
+            for (int64_t q = 0; q < {wp * cbi}; ++q) d[q] = 0.0f;
+            continue;
+        }}
+        for (int64_t q = 0; q < {pw * cbi}; ++q) d[q] = 0.0f;
+        for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = 0.0f;
+        const float* restrict s = x + iy * xh;
+        for (int64_t xx = 0; xx < {wc}; ++xx)
+            for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx] : 0.0f;
+    }}
+}}
+"""

@@ -30,7 +30,8 @@ ring (a larger physical extent, an offset) are all one form.
 Invariants (``verify_func``): every variable is bound by an enclosing loop; every buffer is a parameter, an
 enclosing allocation or declared workspace; indices are int64 and every access (vector lanes and micro-kernel
 footprints included) stays inside its buffer for every value of the loop variables; stored values have the
-buffer's dtype; the iterations of a parallel loop write disjoint element ranges of every buffer.
+buffer's dtype; the iterations of a parallel loop write disjoint element ranges of every buffer allocated
+outside it, and hand disjoint boxes of indices to the epilogue.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = ["Alloc", "Bcast", "Bin", "Buf", "Const", "Epilogue", "Expr", "For", "
 
 SCOPES = ("global", "register", "stack", "workspace", "thread_workspace")
 KINDS = ("serial", "parallel", "vectorized", "unrolled")
+PRIVATE = ("register", "stack")  # allocated inside a parallel loop's body (its task): each thread has its own
 INT_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&")
 FLOAT_OPS = ("+", "-", "*", "/", "min", "max")
 
@@ -553,7 +555,7 @@ class _Verifier:
             self.fail(f"vector access of {lanes} lanes to {b.name}, whose layout is not contiguous on the last axis")
         if b.vector > 1 and lanes not in (1, b.vector):
             self.fail(f"{b.name} holds {b.vector}-lane vectors: a {lanes}-lane access")
-        if write and self.writes:
+        if write and self.writes and b.scope not in PRIVATE:
             lo, hi = interval(b.layout.address(index), env)
             box = [interval(i, env) for i in index]
             box[-1] = (box[-1][0], box[-1][1] + lanes - 1)
@@ -644,6 +646,10 @@ class _Verifier:
                 for i in s.index:
                     self.expr(i, env)
                 self.expr(s.value, env)
+                if self.writes:  # the epilogue stores element ``index`` of the kernel's result
+                    box = [interval(i, env) for i in s.index]
+                    for w in self.writes:
+                        w.add("(epilogue)", 0, 0, box)
             else:
                 self.fail(f"unknown statement {s!r}")
 
@@ -673,7 +679,7 @@ class _Verifier:
             if last >= a.buf.layout.span or lo < 0:
                 self.fail_bounds(f"micro-kernel {s.name}: {pname} reaches element {last} of {a.buf.name} "
                                  f"(span {a.buf.layout.span})")
-            if kind == "out" and self.writes:
+            if kind == "out" and self.writes and a.buf.scope not in PRIVATE:
                 box = None  # rows x cols on the last two axes of a buffer whose row stride is the kernel's
                 lay = a.buf.layout
                 if (len(a.buf.shape) >= 2 and lay.dims[-1][1:] == (1, a.buf.shape[-1], 1)

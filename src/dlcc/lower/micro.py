@@ -10,6 +10,17 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
     gemmt_{mr}x{nr}(kc, a, b, c, ldc, acc, ncols)
         the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
         pixels as rows and output channels as columns, stored channel-major).
+
+    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}(ncb, x, w, c)
+        one register tile of a direct convolution over a channel-blocked input (``nchwc_``'s layout):
+        c[p*no + o] = sum_{b < ncb, ky, kx, i < cbi} w[(((b*kh + ky)*kw + kx)*cbi + i)*no + o]
+                                                    * x[b*xcb + ky*dh*xrow + (p*sw + kx*dw)*cbi + i]
+        for o < no, p < px: ``no`` output channels (whole vectors) by ``px`` output pixels of a row.
+
+    nchwc_{cbi}_{h}_{w}_{ph}_{pw}_{hp}_{wp}(x, xc, xh, nci, ws)
+        one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
+        x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
+        for yy < hp, xx < wp, i < cbi (rows and columns of the plane beyond hp x wp are not read).
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro"]
+__all__ = ["dconv_micro", "dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -135,4 +146,64 @@ def dwconv_micro(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw
         name, (("x", "in"), ("w", "in"), ("out", "out")),
         "out[oy*ow + ox] = sum over the taps inside the plane of w[ky*kw + kx] * x[iy*xh + ix]", footprint,
         reference)
+    return name
+
+
+def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int) -> str:
+    """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
+    channel-blocked input, registering its contract on first use (see the module docstring)."""
+    geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow)
+    name = f"dconv_{no}x{px}_" + "_".join(str(v) for v in geo)
+    if name in MICRO:
+        return name
+    taps = kh * kw
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        ncb = max(s["ncb"], 1)
+        span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
+        return {"x": (1, 0, span), "w": (1, 0, ncb * taps * cbi * no), "c": (px, no, no)}
+
+    def reference(arrays, offsets, s) -> None:
+        ncb = s["ncb"]
+        x, xo = arrays["x"], offsets["x"]
+        wt = arrays["w"][offsets["w"]:offsets["w"] + ncb * taps * cbi * no].reshape(ncb, kh, kw, cbi, no)
+        acc = np.zeros((px, no))
+        for b in range(ncb):
+            for ky in range(kh):
+                for kx in range(kw):
+                    for p in range(px):
+                        at = xo + b * xcb + ky * dh * xrow + (p * sw + kx * dw) * cbi
+                        acc[p] += x[at:at + cbi].astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
+        arrays["c"][offsets["c"]:offsets["c"] + px * no] = acc.ravel()
+
+    MICRO[name] = MicroKernel(
+        name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out")),
+        f"c[p*{no} + o] = sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * x[b*{xcb} + ky*{dh * xrow} "
+        f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}", footprint, reference)
+    return name
+
+
+def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:
+    """The name of the repacking of one channel block of an image into rows of ``cbi``-channel pixels with a
+    zero ring (``ph``/``pw`` before, up to ``hp`` x ``wp``), registering its contract on first use."""
+    name = "nchwc_" + "_".join(str(v) for v in (cbi, h, w, ph, pw, hp, wp))
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        return {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + w), "ws": (1, 0, hp * wp * cbi)}
+
+    def reference(arrays, offsets, s) -> None:
+        x, xo, xc, xh, nci = arrays["x"], offsets["x"], s["xc"], s["xh"], s["nci"]
+        out = np.zeros((hp, wp, cbi), arrays["ws"].dtype)
+        wc = max(0, min(w, wp - pw))
+        for i in range(nci):
+            for y in range(min(h, hp - ph)):
+                out[ph + y, pw:pw + wc, i] = x[xo + i * xc + y * xh:xo + i * xc + y * xh + wc]
+        arrays["ws"][offsets["ws"]:offsets["ws"] + out.size] = out.ravel()
+
+    MICRO[name] = MicroKernel(
+        name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("ws", "out")),
+        f"ws[(yy*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
+        "i < nci, else 0", footprint, reference)
     return name

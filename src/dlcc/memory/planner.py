@@ -18,8 +18,10 @@ whose lifetimes do not overlap it are ignored, which is where memory is reused.
 
 Greedy by breadth (the second strategy) uses the same best-fit placement but a different order: steps
 are visited by decreasing breadth (the sum of sizes live at the step, ties: earlier step first), and at
-each step its not-yet-placed buffers are placed from the largest to the smallest. The default strategy
-``"auto"`` runs both and keeps the smaller arena (greedy by size on a tie).
+each step its not-yet-placed buffers are placed from the largest to the smallest. Greedy by lifetime (the
+third) places the longest-lived buffers first (ties: the larger first): they settle at the bottom and
+the short-lived ones (a kernel's workspace lives for one step) fill the space above them, step by step.
+The default strategy ``"auto"`` runs all three and keeps the smallest arena (the earlier one on a tie).
 
 An arena over time: A (steps 0-1) and C (steps 3-4) never live at the same step, so C reuses A's
 bytes; B (64 bytes, steps 1-4, placed first as the largest) overlaps both and sits below them.
@@ -55,7 +57,7 @@ __all__ = [
     "verify_memory_plan",
 ]
 
-STRATEGIES = ("greedy-by-size", "greedy-by-breadth")
+STRATEGIES = ("greedy-by-size", "greedy-by-breadth", "greedy-by-lifetime")
 """Strategies ``plan_memory`` accepts by name, besides ``"auto"`` (try all, keep the smallest arena)."""
 
 
@@ -190,6 +192,10 @@ def _order_by_size(buffers: Sequence[Buffer]) -> list[Buffer]:
     return sorted(buffers, key=lambda b: (-b.size, b.first, b.id))
 
 
+def _order_by_lifetime(buffers: Sequence[Buffer]) -> list[Buffer]:
+    return sorted(buffers, key=lambda b: (b.first - b.last, -b.size, b.first, b.id))
+
+
 def _order_by_breadth(buffers: Sequence[Buffer], alignment: int) -> list[Buffer]:
     live_at: dict[int, list[Buffer]] = {}
     for b in buffers:
@@ -207,8 +213,8 @@ def _order_by_breadth(buffers: Sequence[Buffer], alignment: int) -> list[Buffer]
 
 
 def plan_memory(buffers: Iterable[Buffer], alignment: int = 64, strategy: str = "auto") -> MemoryPlan:
-    """Place ``buffers`` in one arena with ``strategy`` (``"greedy-by-size"``, ``"greedy-by-breadth"``
-    or ``"auto"``: both, keeping the smaller arena, greedy by size on a tie)."""
+    """Place ``buffers`` in one arena with ``strategy`` (one of ``STRATEGIES``, or ``"auto"``: each of them,
+    keeping the smallest arena, the earlier strategy on a tie)."""
     _check_alignment(alignment)
     bufs = list(buffers)
     _check_ids(bufs)
@@ -219,6 +225,8 @@ def plan_memory(buffers: Iterable[Buffer], alignment: int = 64, strategy: str = 
         order = _order_by_size(bufs)
     elif strategy == "greedy-by-breadth":
         order = _order_by_breadth(bufs, alignment)
+    elif strategy == "greedy-by-lifetime":
+        order = _order_by_lifetime(bufs)
     else:
         raise PassError(f"memory planner: unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)} or auto")
     offsets = _place(order, alignment)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import onnx_ir as ir
 
 from dlcc.lower.kir import Buffer, Program
+from dlcc.schedule.direct import direct_pays, plan_direct
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -60,7 +61,8 @@ def _pointwise_conv_dims(node: ir.Node, is_const: Callable[[ir.Value], bool]) ->
 
 
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
-    """A 2-D group-1 convolution with a weight: its im2col GEMM's panels (``schedule.gemm.plan_gemm_conv``)."""
+    """A 2-D group-1 convolution with a weight: the blocked direct kernel's repacked input
+    (``schedule.direct``) or its im2col GEMM's panels (``schedule.gemm.plan_gemm_conv``)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     if x is None or w is None or x.shape is None or w.shape is None or y.shape is None or not is_const(w):
         return 0
@@ -71,7 +73,10 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     if int(attrs.get("group", 1)) != 1:
         return 0
     sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
-    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, 1, 1, 0, 0)
+    dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
+    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
+    if direct_pays(g):
+        return plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
     if not conv_gemm_pays(g, ws[0]):
         return 0
     if ws[2] * ws[3] == 1 and (sh, sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:

@@ -36,6 +36,7 @@ from dlcc.codegen.cbase import Names, Operand, TemplateError, TensorRef, indent,
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.threads import par_for
 from dlcc.lower.lir import Buf, Layout, verify_func
+from dlcc.schedule.direct import DirectPlan, direct_func, direct_pays, pack_direct, plan_direct
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -192,6 +193,10 @@ def conv(call: TemplateCall) -> str:
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
+        if direct_pays(g) and xref.strides[-1] == 1:
+            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+            if blocked is not None:
+                return blocked
         if conv_gemm_pays(g, M) and (not pointwise or g.ow <= POINTWISE_ROWS_MAX_OW):
             packed = _im2col_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, -1), bref, g)
             if packed is not None:
@@ -286,6 +291,41 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
         return _pixel_store(call, bref, outs, idx, v)
 
     return call.emit(f, store, {wsb.name: ws.base()})
+
+
+def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorRef | None,
+                    g: ConvGeometry) -> str | None:
+    """A 2-D group-1 convolution as the direct convolution of the loop IR over a channel-blocked copy of the
+    input (``schedule.direct``): the weight packed at compile time for the register tile; bias in the
+    epilogue."""
+    N, M = xref.shape[0], w4.shape[0]
+    ws, c = call.workspace, call.scratch
+    plan = plan_direct(M, g, N, call.target, call.threads)
+    if plan.workspace_floats > ws.size:
+        return None
+    names = call.names
+    wpk = call.packed(pack_direct(w4, plan))
+    wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, M, g.oh * g.ow), None, c.offset))
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    f = direct_func(plan, x, wp, cb, wsb, fresh=names)
+    _verify_direct_once(plan, xref.shape, xref.strides, ws.size)
+    outs = [g.oh, g.ow]
+
+    def store(idx, v):
+        return _pixel_store(call, bref, outs, idx, v)
+
+    return call.emit(f, store, {wsb.name: ws.base()})
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_direct_once(plan: DirectPlan, shape: tuple[int, ...], strides: tuple[int, ...], ws_floats: int) -> None:
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    wp = Buf("w", "float32", Layout.strided((plan.n_oct, plan.ncb * plan.g.kh * plan.g.kw * plan.cbi * plan.no)))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(direct_func(plan, x, wp, c, ws))
 
 
 @functools.lru_cache(maxsize=256)

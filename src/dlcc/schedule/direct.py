@@ -1,0 +1,178 @@
+"""The schedule of a group-1 2-D convolution as a direct convolution over a channel-blocked input.
+
+What goes in: the convolution's geometry (``schedule.gemm.ConvGeometry``), the output channels, the batch,
+the ``Target`` and the thread count. What comes out: a ``DirectPlan`` (``plan_direct``: channel block,
+register tile, thread split, workspace), the weight packed for it (``pack_direct``) and the loop IR
+(``direct_func``).
+
+The input is repacked per call into the workspace as channel blocks of ``cbi`` channels (the target's
+vector width; all the channels when there are fewer) with a zero ring as wide as the padding
+(``nchwc_...``: NCHW[cbi]c, so a tap never needs a bounds test). The register tile (``dconv_...``) is
+``no`` output channels (whole vectors, the weights of one input channel and tap loaded once) by ``px``
+pixels of an output row (each input value broadcast once, feeding no / lanes FMAs): on AVX-512 2 x 16
+channels by 14 pixels (28 accumulators), 4 x 16 by 7 for 7-wide rows; on 16-register targets 2 vectors by
+6 pixels. Each tile runs over every input channel block and tap into a local tile, and the fused epilogue
+takes its no x px outputs from there. Output rows are the outer loop while the packed weight stays in L2,
+else output-channel tiles; threads split the input blocks (the repacking), then that outer loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlcc.lower.lir import Alloc, Bin, Buf, Const, Epilogue, Expr, For, Func, Layout, Load, Micro, Ptr, Stmt, Var, simplify
+from dlcc.lower.micro import dconv_micro, nchwc_micro
+from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.target import Target
+
+__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct"]
+
+MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
+PAR_MIN_FLOPS = 2e6  # below this much work one thread (a dispatch costs a few microseconds)
+
+
+@dataclass(frozen=True)
+class DirectPlan:
+    co: int
+    g: ConvGeometry
+    batch: int
+    cbi: int  # input channels per block (the vector width, or all of them when fewer)
+    no: int  # output channels per register tile (whole vectors)
+    px: int  # output pixels per register tile
+    hp: int  # rows and columns of a repacked input block (the zero ring included)
+    wp: int
+    threads: int
+    order: str  # "rows" | "oc": the outer loop of the compute phase (the one the threads divide)
+
+    @property
+    def ncb(self) -> int:
+        return -(-self.g.ci // self.cbi)
+
+    @property
+    def n_oct(self) -> int:
+        return -(-self.co // self.no)
+
+    @property
+    def workspace_floats(self) -> int:
+        return self.batch * self.ncb * self.hp * self.wp * self.cbi
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * self.workspace_floats
+
+
+def direct_pays(g: ConvGeometry) -> bool:
+    """Does this group-1 2-D convolution take the blocked direct kernel? Every one with more than one tap
+    (a 1x1 one is a GEMM: ``schedule.gemm``)."""
+    return g.kh * g.kw > 1
+
+
+def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DirectPlan:
+    """The register tile: the most accumulators (vectors of output channels x pixels) that fit the
+    register file beside one weight vector per channel vector (and a broadcast register where the FMA
+    cannot take its broadcast from memory, i.e. without AVX-512), 2 or 4 channel vectors (1 when the
+    channels fill only one) and at most 14 pixels; ties go to the longer pixel run."""
+    lanes, regs = target.lanes, target.vector_registers
+    spare = 0 if "avx512f" in target.features else 2
+    best = (0, 0, 0)
+    vectors = -(-co // lanes)
+    for nv in (1, 2, 4):
+        if nv > vectors or nv < min(2, vectors):  # one channel vector only when there is only one
+            continue
+        px = min(g.ow, MAX_PX, (regs - spare - nv) // nv)
+        if px >= 1 and (nv * px, px) > (best[0], best[2]):
+            best = (nv * px, nv, px)
+    _, nv, px = best
+    cbi = min(lanes, g.ci)
+    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
+    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    no = nv * lanes
+    t = threads if threads > 1 and 2.0 * batch * co * g.oh * g.ow * g.ci * g.kh * g.kw >= PAR_MIN_FLOPS else 1
+    n_oct = -(-co // no)
+    # output rows outside while the whole packed weight stays in L2 (each row's inputs are then read from
+    # L1 by every channel tile); else the channel tiles outside, so that each tile's weights are read from
+    # memory once and then from L2/L3 for every row (row by row, all the weights would stream from memory
+    # during the first row, with 1/OH of the work to hide it)
+    weight_bytes = 4 * n_oct * no * -(-g.ci // cbi) * cbi * g.kh * g.kw
+    order = "rows" if weight_bytes <= target.l2_bytes // 2 else "oc"
+    extent = {"rows": g.oh, "oc": n_oct}
+    if extent[order] < t or extent[order] % t and extent[order] < 8 * t:
+        other = "oc" if order == "rows" else "rows"
+        if extent[other] >= t and (extent[other] % t == 0 or extent[other] >= 8 * t):
+            order = other
+    if extent[order] < t:
+        t = 1
+    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order)
+
+
+def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
+    """The weight (Co, Ci, kh, kw) as [output-channel tile][input block][ky][kx][i < cbi][o < no], zero
+    where a tile or a block runs past the channels."""
+    co, ci, kh, kw = w.shape
+    wz = np.zeros((p.n_oct * p.no, p.ncb * p.cbi, kh, kw), np.float32)
+    wz[:co, :ci] = w
+    t = wz.reshape(p.n_oct, p.no, p.ncb, p.cbi, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    return np.ascontiguousarray(t).reshape(p.n_oct, -1)
+
+
+def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "conv_direct",
+                fresh: Callable[[str], str] = str) -> Func:
+    """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy*sh + ky*dh - ph, ox*sw + kx*dw
+    - pw]`` (zero padding): ``x`` (N, Ci, H, W) with unit column stride, ``wp`` the weight packed by
+    ``pack_direct``, ``c`` (N, Co, OH*OW) with unit pixel stride, ``ws`` the workspace (the repacked input)."""
+    g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
+    t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
+    tv1: Expr = t1 if T > 1 else Const(0)
+    tv2: Expr = t2 if T > 1 else Const(0)
+    xd = x.layout.dims
+    block = p.hp * p.wp * cbi
+    # phase 1: the input's channel blocks repacked with their zero ring (the threads split the blocks)
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
+        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
+        Bin("min", Const(cbi), Const(g.ci) - cb * cbi), Ptr(ws, ((cb * p.batch + b) * block,))))
+    c0, c1 = _part(tv1, ncb, T)
+    phase1: Stmt = For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack,)),))
+
+    # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles, each
+    # then its epilogue on the outputs in the local tile
+    def tile(x0: Expr, px: int) -> Stmt:
+        at = oy * g.ow + x0
+        xoff = b * block + (oy * g.sh) * (p.wp * cbi) + x0 * (g.sw * cbi)
+        uk = dconv_micro(p.no, px, cbi, g.kh, g.kw, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi)
+        acc = Buf(fresh("acc"), "float32", Layout.strided((px, p.no)), "stack")
+        return Alloc(acc, (Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(0))),
+                                      Ptr(acc, (Const(0), Const(0))))),
+                           For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
+                               For(q, Const(0), Const(px), (Epilogue((b, oct * p.no + o, simplify(at + q)),
+                                                                     Load(acc, (q, o))),), "vectorized"),))))
+
+    full, tail = divmod(g.ow, p.px)
+    row: tuple[Stmt, ...] = ()
+    if full:
+        row += (For(xt, Const(0), Const(full), (tile(xt * p.px, p.px),)),)
+    if tail:
+        row += (tile(Const(full * p.px), tail),)
+    if p.order == "rows":
+        r0, r1 = _part(tv2, g.oh, T)
+        nest = For(oy, r0, r1, (For(oct, Const(0), Const(p.n_oct), row),))
+    else:
+        o0, o1 = _part(tv2, p.n_oct, T)
+        nest = For(oct, o0, o1, (For(oy, Const(0), Const(g.oh), row),))
+    phase2: Stmt = For(b, Const(0), Const(p.batch), (nest,))
+    if T > 1:
+        body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
+                                  For(t2, Const(0), Const(T), (phase2,), "parallel"))
+    else:
+        body = (phase1, phase2)
+    return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))
+
+
+def _part(tv: Expr, n: int, parts: int) -> tuple[Expr, Expr]:
+    """Thread tv's share [lo, hi) of range(n) split in ``parts``."""
+    if parts == 1:
+        return Const(0), Const(n)
+    return simplify(tv * n // parts), simplify((tv + 1) * n // parts)
+

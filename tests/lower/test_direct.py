@@ -1,0 +1,118 @@
+"""The blocked direct convolution (``schedule.direct``): its loop IR verified and interpreted against a float64
+convolution, and its two micro-kernels (the register tile ``dconv_``, the repacking ``nchwc_``) in C
+against their contracts on every target this machine runs."""
+
+import ctypes
+import tempfile
+
+import numpy as np
+import pytest
+from test_lir import PRELUDE, _build, _conv_ref
+
+from dlcc.codegen.cbase import vector_helpers
+from dlcc.codegen.ukernels import micro_c
+from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
+from dlcc.lower.micro import dconv_micro, nchwc_micro
+from dlcc.schedule.direct import direct_func, pack_direct, plan_direct
+from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.target import get_target
+from dlcc.testing.harness import runnable_targets
+
+CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
+    (1, 3, 9, 8, 20, 3, 1, 1, 1, 1),  # fewer input channels than a vector: one short block
+    (2, 20, 7, 7, 40, 3, 2, 1, 1, 2),  # a partial input block, batch, stride
+    (1, 17, 10, 9, 33, 3, 1, 2, 2, 2),  # dilation, an output-channel tile past the channels
+    (1, 16, 16, 30, 64, 3, 1, 1, 1, 2),  # two pixel tiles per row and a tail, threads over rows
+    (1, 3, 11, 11, 8, 5, 2, 1, 2, 1),  # 5x5 stride 2
+    (3, 16, 32, 32, 32, 3, 2, 1, 0, 2),  # unpadded stride 2: the last input column is never read
+    (1, 32, 7, 7, 96, 3, 1, 1, 1, 2),  # 7-wide rows: 4-vector tiles, threads over channel tiles
+]
+
+
+@pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3", "aarch64"])
+@pytest.mark.parametrize("n,ci,h,w,co,k,s,d,pad,threads", CASES)
+def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
+    ref = _conv_ref(x, wt, (s, s), (d, d), (pad, pad))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(ci, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+    p = plan_direct(co, g, n, get_target(target), threads)
+    wpk = pack_direct(wt, p)
+    f = direct_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))),
+                    Buf("wp", "float32", Layout.strided(wpk.shape)),
+                    Buf("c", "float32", Layout.strided((n, co, oh * ow))),
+                    Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
+    verify_func(f)
+    out = np.full((n, co, oh * ow), np.nan, np.float32)
+    seen = []
+
+    def epilogue(i, v):
+        seen.append(i)
+        out[i] = v
+
+    run_func(f, {"x": x.ravel().copy(), "wp": wpk.ravel(), "c": np.zeros(out.size, np.float32),
+                 "ws": np.full(p.workspace_floats, np.nan, np.float32)}, epilogue)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
+
+
+def test_direct_plan_tiles_and_order():
+    v4, v3 = get_target("x86-64-v4"), get_target("x86-64-v3")
+    g56 = ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1)
+    p = plan_direct(64, g56, 1, v4, 2)
+    assert (p.no, p.px, p.cbi, p.order, p.threads) == (32, 14, 16, "rows", 2)  # 28 accumulators
+    assert (plan_direct(64, g56, 1, v3).no, plan_direct(64, g56, 1, v3).px) == (16, 6)  # 12 of 16 registers
+    g7 = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)
+    p = plan_direct(512, g7, 1, v4, 2)
+    assert (p.no, p.px, p.order, p.threads) == (64, 7, "oc", 2)  # 9.4 MB of weights: channel tiles outside
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_direct_micro_kernels_match_their_contracts(target):
+    t = get_target(target)
+    rng = np.random.default_rng(12)
+    tiles = [(2 * t.lanes, 5, t.lanes, 3, 3, 1, 1, 1), (t.lanes, 3, 3, 2, 5, 2, 1, 2)]
+    packs = [(t.lanes, 5, 6, 1, 2, 7, 9), (3, 6, 7, 0, 0, 5, 6)]
+    src = PRELUDE + vector_helpers(t.lanes) + "\n"
+    names = []
+    for no, px, cbi, kh, kw, sw, dh, dw in tiles:
+        xrow = ((px - 1) * sw + (kw - 1) * dw + 1) * cbi + 3
+        xcb = ((kh - 1) * dh + 1) * xrow + 5
+        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow)
+        names.append(("dconv", name, (no, px, cbi, kh, kw, xcb)))
+        src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c) "
+                                         f"{{ dlcc_uk_{name}(ncb, x, w, c); }}\n")
+    for geo in packs:
+        name = nchwc_micro(*geo)
+        names.append(("nchwc", name, geo))
+        src += micro_c(name, t.lanes) + (f"void w_{name}(const float* x, int64_t xc, int64_t xh, int64_t nci, "
+                                         f"float* ws) {{ dlcc_uk_{name}(x, xc, xh, nci, ws); }}\n")
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for kind, name, geo in names:
+            fn = getattr(lib, f"w_{name}")
+            if kind == "dconv":
+                no, px, cbi, kh, kw, xcb = geo
+                ncb = 2
+                x = rng.standard_normal(ncb * xcb).astype(np.float32)
+                w = rng.standard_normal(ncb * kh * kw * cbi * no).astype(np.float32)
+                want = np.full(px * no + 3, 7.0, np.float32)
+                MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, {"ncb": ncb})
+                got = np.full(px * no + 3, 7.0, np.float32)
+                fn.argtypes = [i64, ptr, ptr, ptr]
+                fn(ncb, x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr))
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+            else:
+                cbi, h, w_, ph, pw, hp, wp = geo
+                xc, xh = h * (w_ + 2) + 1, w_ + 2
+                x = rng.standard_normal(cbi * xc).astype(np.float32)
+                for nci in (cbi, max(1, cbi - 2)):
+                    want = np.full(hp * wp * cbi + 3, 7.0, np.float32)
+                    MICRO[name].reference({"x": x, "ws": want}, {"x": 0, "ws": 0}, {"xc": xc, "xh": xh, "nci": nci})
+                    got = np.full(hp * wp * cbi + 3, 7.0, np.float32)
+                    fn.argtypes = [ptr, i64, i64, i64, ptr]
+                    fn(x.ctypes.data_as(ptr), xc, xh, nci, got.ctypes.data_as(ptr))
+                    np.testing.assert_array_equal(got, want)
