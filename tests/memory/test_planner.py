@@ -72,14 +72,14 @@ def test_tflite_complex_records_reach_lower_bound(strategy: str) -> None:
 def test_workspaces_fill_the_space_above_long_lived_buffers() -> None:
     """A residual block's schedule (conv1, 1x1 projection, conv2 + add): two activations live over several
     steps, each kernel's workspace for its own step. Largest first puts conv1's workspace at the bottom and
-    the activations above it (1.19x the bound); longest-lived first reaches the bound."""
+    the activations above it (1.19x the bound); largest size x lifetime first reaches the bound."""
     bufs = [Buffer(0, 8192, 0, 2), Buffer(1, 8192, 1, 2), Buffer(2, 18496, 0, 0), Buffer(3, 832, 1, 1),
             Buffer(4, 12800, 2, 2)]
     assert plan_memory(bufs, 64, "greedy-by-size").arena_bytes == 34880
     plan = plan_memory(bufs, 64)
     verify_memory_plan(bufs, plan)
     assert plan.arena_bytes == plan.lower_bound == 29184
-    assert plan.strategy == "greedy-by-lifetime"
+    assert plan.strategy == "greedy-by-area"
 
 
 def test_paper_example_greedy_by_size_offsets() -> None:

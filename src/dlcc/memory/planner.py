@@ -18,9 +18,9 @@ whose lifetimes do not overlap it are ignored, which is where memory is reused.
 
 Greedy by breadth (the second strategy) uses the same best-fit placement but a different order: steps
 are visited by decreasing breadth (the sum of sizes live at the step, ties: earlier step first), and at
-each step its not-yet-placed buffers are placed from the largest to the smallest. Greedy by lifetime (the
-third) places the longest-lived buffers first (ties: the larger first): they settle at the bottom and
-the short-lived ones (a kernel's workspace lives for one step) fill the space above them, step by step.
+each step its not-yet-placed buffers are placed from the largest to the smallest. Greedy by area (the
+third) orders by size x lifetime, largest first: long-lived activations settle at the bottom and the
+short-lived buffers (a kernel's workspace lives for one step) fill the space above them, step by step.
 The default strategy ``"auto"`` runs all three and keeps the smallest arena (the earlier one on a tie).
 
 An arena over time: A (steps 0-1) and C (steps 3-4) never live at the same step, so C reuses A's
@@ -57,7 +57,7 @@ __all__ = [
     "verify_memory_plan",
 ]
 
-STRATEGIES = ("greedy-by-size", "greedy-by-breadth", "greedy-by-lifetime")
+STRATEGIES = ("greedy-by-size", "greedy-by-breadth", "greedy-by-area")
 """Strategies ``plan_memory`` accepts by name, besides ``"auto"`` (try all, keep the smallest arena)."""
 
 
@@ -192,8 +192,8 @@ def _order_by_size(buffers: Sequence[Buffer]) -> list[Buffer]:
     return sorted(buffers, key=lambda b: (-b.size, b.first, b.id))
 
 
-def _order_by_lifetime(buffers: Sequence[Buffer]) -> list[Buffer]:
-    return sorted(buffers, key=lambda b: (b.first - b.last, -b.size, b.first, b.id))
+def _order_by_area(buffers: Sequence[Buffer]) -> list[Buffer]:
+    return sorted(buffers, key=lambda b: (-b.size * (b.last - b.first + 1), b.first, b.id))
 
 
 def _order_by_breadth(buffers: Sequence[Buffer], alignment: int) -> list[Buffer]:
@@ -225,8 +225,8 @@ def plan_memory(buffers: Iterable[Buffer], alignment: int = 64, strategy: str = 
         order = _order_by_size(bufs)
     elif strategy == "greedy-by-breadth":
         order = _order_by_breadth(bufs, alignment)
-    elif strategy == "greedy-by-lifetime":
-        order = _order_by_lifetime(bufs)
+    elif strategy == "greedy-by-area":
+        order = _order_by_area(bufs)
     else:
         raise PassError(f"memory planner: unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)} or auto")
     offsets = _place(order, alignment)
