@@ -26,6 +26,8 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (1, 3, 11, 11, 8, 5, 2, 1, 2, 1),  # 5x5 stride 2
     (3, 16, 32, 32, 32, 3, 2, 1, 0, 2),  # unpadded stride 2: the last input column is never read
     (1, 32, 7, 7, 96, 3, 1, 1, 1, 2),  # 7-wide rows: 4-vector tiles, threads over channel tiles
+    (1, 40, 14, 14, 48, 1, 1, 1, 0, 2),  # 1x1 on a small plane
+    (1, 24, 13, 13, 40, 1, 2, 1, 0, 1),  # strided 1x1
 ]
 
 
