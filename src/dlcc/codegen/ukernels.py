@@ -13,7 +13,8 @@ gemmt_{mr}x{nr}: the same tile stored transposed (column j of the tile is mr con
 through a local tile.
 dconv_{no}x{px}_...: no / lanes x px vector accumulators (output channels in the lanes); per input channel
 and tap, the no output channels' weights are loaded once (no / lanes vectors) and each of the px input
-pixels is broadcast once and feeds no / lanes FMAs; the tile is stored pixel-major (channels contiguous).
+pixels is broadcast once and feeds no / lanes FMAs; the tile is stored channel-major through a local tile
+(so that the epilogue runs along each channel's contiguous pixels, vectorized).
 nchwc_...: a transposing copy, each output pixel's cbi channels gathered from cbi planes.
 """
 
@@ -231,7 +232,8 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
            lanes: int) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
-    loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand). Without dilation
+    loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
+    transposed into ``c`` (channel-major) through a local tile. Without dilation
     along the row, a kernel row's taps and channels are one run of kw*cbi consecutive inputs per pixel."""
     if no % lanes:
         raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
@@ -253,7 +255,10 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
                 f"        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow} + kx * {dw * cbi};\n"
                 f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
     lines.append(f"for (int64_t b = 0; b < ncb; ++b)\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n{indent(taps)}")
-    lines += [f"dlcc_vf_store(c + {p * no + j * lanes}, {acc[j][p]});" for p in range(px) for j in range(nv)]
+    lines.append(f"float t[{px * no}];")
+    lines += [f"dlcc_vf_store(t + {p * no + j * lanes}, {acc[j][p]});" for p in range(px) for j in range(nv)]
+    lines.append(f"for (int64_t o = 0; o < {no}; ++o)\n"
+                 f"    for (int64_t p = 0; p < {px}; ++p) c[o * {px} + p] = t[p * {no} + o];")
     return (f"static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
             f"float* restrict c) {{\n{indent(chr(10).join(lines))}\n}}\n")
 

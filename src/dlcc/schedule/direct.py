@@ -146,12 +146,12 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         at = oy * g.ow + x0
         xoff = b * block + (oy * g.sh) * (p.wp * cbi) + x0 * (g.sw * cbi)
         uk = dconv_micro(p.no, px, cbi, g.kh, g.kw, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi)
-        acc = Buf(fresh("acc"), "float32", Layout.strided((px, p.no)), "stack")
+        acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, px)), "stack")
         return Alloc(acc, (Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(0))),
                                       Ptr(acc, (Const(0), Const(0))))),
                            For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
                                For(q, Const(0), Const(px), (Epilogue((b, oct * p.no + o, simplify(at + q)),
-                                                                     Load(acc, (q, o))),), "vectorized"),))))
+                                                                     Load(acc, (o, q))),), "vectorized"),))))
 
     full, tail = divmod(g.ow, p.px)
     row: tuple[Stmt, ...] = ()
