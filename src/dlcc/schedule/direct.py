@@ -23,7 +23,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlcc.lower.lir import Alloc, Bin, Buf, Const, Epilogue, Expr, For, Func, Layout, Load, Micro, Ptr, Stmt, Var, simplify
+from dlcc.lower.lir import (
+    Alloc,
+    Bin,
+    Buf,
+    Const,
+    Epilogue,
+    Expr,
+    For,
+    Func,
+    Layout,
+    Load,
+    Micro,
+    Ptr,
+    Stmt,
+    Var,
+    simplify,
+)
 from dlcc.lower.micro import dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import Target
