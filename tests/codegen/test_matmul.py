@@ -101,3 +101,23 @@ def test_gemm(m_, k, n, ta, tb, alpha, beta, cshape, consts):
     ref = _ort(m, feeds)
     for target in runnable_targets():  # every vector width this machine runs
         _close(run_node(m, feeds, target=target), ref)
+
+
+@pytest.mark.parametrize("op,sa,sb,attrs", [
+    ("MatMul", [8, 64, 256], [256, 64], {}),         # panels, threads over the batch (B broadcast)
+    ("MatMul", [16, 64, 256], [16, 256, 4], {}),     # dot products, threads over the batch
+    ("Gemm", [64, 256], [256, 128], {}),             # run-time B: threads over ranges of row blocks
+    ("Gemm", [3, 512], [1024, 512], {"transB": 1}),  # fewer row blocks than threads: over the panels
+])
+def test_small_products_on_two_threads(op, sa, sb, attrs):
+    """The products of schedule.matmul split over the pool: the bits of one thread."""
+    import dlcc
+
+    m, feeds = _build(op, [("a", _rand(sa, 0)), ("b", _rand(sb, 1))], set(), attrs)
+    one = dlcc.compile(m.SerializeToString(), threads=1)
+    two = dlcc.compile(m.SerializeToString(), threads=2)
+    assert "dlcc_parallel(" in two.artifacts.csource.source
+    assert any("func matmul_" in s.loop_ir for k in two.artifacts.program.kernels for s in k.steps if s.loop_ir)
+    got1 = one(feeds)["y"]
+    _close(got1, _ort(m, feeds))
+    np.testing.assert_array_equal(two(feeds)["y"], got1)

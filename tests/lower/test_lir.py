@@ -19,14 +19,21 @@ from dlcc.lower.lir import (
     MICRO,
     Alloc,
     Bcast,
+    Bin,
     Buf,
+    Call,
+    Cast,
     Const,
+    Epilogue,
     For,
     Func,
+    If,
+    In,
     Layout,
     Load,
     Micro,
     Ptr,
+    Select,
     Store,
     Var,
     mark,
@@ -51,7 +58,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_wconst,
 )
 from dlcc.schedule.target import get_target
-from dlcc.testing.harness import runnable_targets
+from dlcc.testing.harness import prelude, runnable_targets
 
 # small caches, so that small products still have several K blocks, column blocks and row panels
 TINY = dataclasses.replace(get_target("x86-64-v4"), l1d_bytes=2048, l2_bytes=16384)
@@ -486,3 +493,83 @@ def test_conv_gemm_with_a_shared_im2col_matches_numpy(c, h, w, co, k, s, pad):
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     body, _ = print_c(f, {"x": "x", "wp": "wp", "c": "c", "ws": "w"}, lambda i, v: "", 16)
     assert body.count("/* dlcc:parallel */") == 2 and body.count("float* restrict ws = w;") == 2
+
+
+def _math_func(n=13):
+    """Calls, casts, an opaque input, float comparisons and rank-0 register scalars: s = sum |x| in double,
+    then y[i] = x < 0 ? exp(x) : sqrt(x) + log(1 + x^2) / float(s), 0 where x == 0; the epilogue gets
+    tanh(x) * (1 + x*x)**0.5."""
+    y = Buf("y", "float32", Layout.strided((n,)))
+    s = Buf("s", "float64", Layout.strided(()), "register")
+    v = Buf("v", "float32", Layout.strided(()), "register")
+    i = Var("i")
+    x = In(0, (i,), (n,))
+    one = Const(1.0, "float32")
+    body = (Alloc(s, (
+        Store(s, (), Const(0.0, "float64")),
+        For(i, Const(0), Const(n), (Store(s, (), Load(s, ()) + Cast(Call("abs", (x,)), "float64")),)),
+        For(i, Const(0), Const(n), (Alloc(v, (
+            Store(v, (), x),
+            Store(y, (i,), Select(Bin("<", Load(v, ()), Const(0.0, "float32")), Call("exp", (Load(v, ()),)),
+                                  Call("sqrt", (Load(v, ()),)) + Call("log", (one + x * x,)) / Cast(Load(s, ())))),
+            If(Bin("==", Load(v, ()), Const(0.0, "float32")), (Store(y, (i,), Const(0.0, "float32")),)),
+            Epilogue((i,), Call("tanh", (x,)) * Call("pow", (one + x * x, Const(0.5, "float32")))),
+        )),)),
+    )),)
+    return Func("math", (y,), body)
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_calls_casts_and_opaque_inputs(target):
+    t = get_target(target)
+    n = 13
+    f = _math_func(n)
+    verify_func(f)
+    listing = print_func(f)
+    assert "exp(v[])" in listing and "float32(s[])" in listing and "in0[i]" in listing
+    x = np.random.default_rng(4).standard_normal(n).astype(np.float32)
+    x[3] = 0.0
+    s = np.abs(x.astype(np.float64)).sum()
+    with np.errstate(invalid="ignore"):
+        want = np.where(x < 0, np.exp(x), np.sqrt(x) + np.log1p(x * x) / np.float32(s)).astype(np.float32)
+    want[3] = 0.0
+    for src in (x, lambda idx: x[idx]):  # an opaque input as an array or as a function of the index
+        y, epi = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+        run_func(f, {"y": y}, epi.__setitem__, {0: src})
+        np.testing.assert_allclose(y, want, rtol=1e-6)
+        np.testing.assert_allclose(epi, np.tanh(x) * np.sqrt(1 + x * x), rtol=1e-6)
+    body, _ = print_c(f, {"y": "y"}, lambda idx, val: f"e[{idx[0]}] = {val};", t.lanes,
+                      {0: lambda idx: f"x[{idx[0]}]"})
+    assert "double s;" in body and "dlcc_expf(" in body and "powf(" in body
+    src = prelude(t) + "\nvoid k(const float* restrict x, float* restrict y, float* restrict e) {\n" + body + "\n}\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        got, gepi = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        ptr = ctypes.c_void_p
+        lib.k(x.ctypes.data_as(ptr), got.ctypes.data_as(ptr), gepi.ctypes.data_as(ptr))
+    np.testing.assert_allclose(got, y, rtol=1e-6)  # vmath: within 2 ulp of numpy
+    np.testing.assert_allclose(gepi, epi, rtol=1e-6)
+
+
+def test_verifier_checks_calls_casts_and_opaque_inputs():
+    y = Buf("y", "float32", Layout.strided((4,)))
+    i = Var("i")
+
+    def store(value):
+        return Func("bad", (y,), (For(i, Const(0), Const(4), (Store(y, (i,), value),)),))
+    x = In(0, (i,), (4,))
+    verify_func(store(Call("pow", (x, x))))
+    with pytest.raises(PassError, match="unknown function"):
+        verify_func(store(Call("cbrt", (x,))))
+    with pytest.raises(PassError, match="wrong number"):
+        verify_func(store(Call("exp", (x, x))))
+    with pytest.raises(PassError, match="float32 scalars"):
+        verify_func(store(Call("exp", (Cast(x, "float64"),))))
+    with pytest.raises(PassError, match="a cast converts"):
+        verify_func(store(Cast(Cast(x, "int8"))))
+    with pytest.raises(PassError, match="outside"):
+        verify_func(store(In(0, (i + 1,), (4,))))
+    with pytest.raises(PassError, match="not a scalar int64"):
+        verify_func(store(In(0, (Cast(i),), (4,))))
+    with pytest.raises(PassError, match="int64 into float32"):
+        verify_func(store(Bin("<", x, x)))  # a comparison is an int64 0/1

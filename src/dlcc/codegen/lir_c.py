@@ -4,22 +4,25 @@ What goes in: a verified ``Func``, the C pointer expression of each of its param
 buffers (by name), the fused epilogue (``store(index, value)`` -> C statements, the template's callback),
 the target's lanes and fresh names.
 What comes out: C statements (the kernel step's body) and the names of the micro-kernels they call (their
-C bodies come from ``dlcc.codegen.ukernels`` and go once into every file's prelude).
+C bodies come from ``dlcc.codegen.ukernels`` and go once into every file's prelude). ``inputs[k](index)`` is the
+C expression of element ``index`` of the opaque input ``k`` (``In``: a template's ``Operand.at``).
 
 Loops print as C ``for`` loops; an ``unrolled`` loop is printed once per iteration with its variable
 replaced by the constant (so register-tile indices are constants and the compiler keeps the tile in
 registers); a ``vectorized`` loop gets ``#pragma GCC ivdep``; a ``parallel`` loop becomes the pool's
 ``par_for`` (it must be the outermost statement: ``threads.outline`` turns it into a task). Vector loads
 and stores use ``dlcc_vf_load/store``; a register or stack buffer accessed as vectors is an array of
-``dlcc_vf``. A thread-workspace allocation inside a parallel loop over ``t`` is the declared workspace at
-``t * span``.
+``dlcc_vf``; one of rank 0 is a C scalar. A thread-workspace allocation inside a parallel loop over ``t`` is the
+declared workspace at ``t * span``. ``Call`` prints the C function of ``C_CALLS``: the branchless, vectorizable
+float32 functions of ``dlcc.codegen.vmath`` where it has them, libm's otherwise.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
-from dlcc.codegen.cbase import c_float, ctype, indent
+from dlcc.codegen.cbase import c_float, c_int, ctype, indent
 from dlcc.codegen.threads import par_for
 from dlcc.errors import DlccError
 from dlcc.lower.lir import (
@@ -27,12 +30,15 @@ from dlcc.lower.lir import (
     Bcast,
     Bin,
     Buf,
+    Call,
+    Cast,
     Const,
     Epilogue,
     Expr,
     For,
     Func,
     If,
+    In,
     Load,
     Micro,
     Ptr,
@@ -44,14 +50,21 @@ from dlcc.lower.lir import (
     subst_stmts,
 )
 
-__all__ = ["print_c"]
+__all__ = ["C_CALLS", "print_c"]
+
+C_CALLS = {"exp": "dlcc_expf", "expm1": "dlcc_expm1f", "log": "dlcc_logf", "log1p": "dlcc_log1pf", "tanh": "dlcc_tanhf",
+           "sigmoid": "dlcc_sigmoidf", "sqrt": "sqrtf", "abs": "fabsf", "pow": "powf"}
+
+Index = Callable[[Sequence[str]], str]
 
 
 class _Printer:
-    def __init__(self, ptrs: dict[str, str], store: Callable[[Sequence[str], str], str] | None, lanes: int):
+    def __init__(self, ptrs: dict[str, str], store: Callable[[Sequence[str], str], str] | None, lanes: int,
+                 inputs: dict[int, Index]):
         self.ptrs = dict(ptrs)
         self.store = store
         self.lanes = lanes
+        self.inputs = inputs
         self.micro: set[str] = set()
         self.par_var: str | None = None
 
@@ -59,7 +72,11 @@ class _Printer:
         if isinstance(x, Var):
             return x.name
         if isinstance(x, Const):
-            return str(int(x.value)) if x.dtype == "int64" else c_float(float(x.value))
+            if x.dtype == "int64":
+                return str(int(x.value)) if abs(int(x.value)) < 2**31 else c_int(int(x.value))
+            if x.dtype == "float64" and math.isfinite(x.value):
+                return repr(float(x.value))
+            return c_float(float(x.value))  # (float64 infinities and NaN: the float macros convert exactly)
         if isinstance(x, Bin):
             if x.dtype == "int64":
                 x = simplify(x)
@@ -81,6 +98,14 @@ class _Printer:
             return f"((dlcc_vf){{0}} + ({self.e(x.value)}))"
         if isinstance(x, Ptr):
             return f"({self.base(x.buf)} + {self.e(x.buf.layout.address(x.index))})"
+        if isinstance(x, Call):
+            return f"{C_CALLS[x.fn]}({', '.join(self.e(a) for a in x.args)})"
+        if isinstance(x, Cast):
+            return f"(({ctype(x.dtype)})({self.e(x.value)}))"
+        if isinstance(x, In):
+            if x.k not in self.inputs:
+                raise DlccError(f"internal: loop IR opaque input {x.k} has no C form")
+            return self.inputs[x.k]([self.e(i) for i in x.index])
         raise DlccError(f"internal: loop IR expression {x!r} has no C form")
 
     def base(self, b: Buf) -> str:
@@ -89,6 +114,8 @@ class _Printer:
         return self.ptrs[b.name]
 
     def ref(self, b: Buf, index: Sequence[Expr], lanes: int) -> str:
+        if not b.shape and b.scope in ("register", "stack"):
+            return b.name
         if b.vector > 1:  # an array of vectors: the last index counts elements, the array vectors
             *lead, last = index
             sub = "".join(f"[{self.e(i)}]" for i in lead)
@@ -103,6 +130,12 @@ class _Printer:
 
     def stmts(self, body: Sequence[Stmt]) -> str:
         return "\n".join(self.stmt(s) for s in body)
+
+    def block(self, body: Sequence[Stmt]) -> str:
+        """The statements of an allocation's C block: nested allocations that are all of it declare in it."""
+        if len(body) == 1 and isinstance(body[0], Alloc) and body[0].buf.scope in ("register", "stack"):
+            return self.alloc(body[0].buf) + "\n" + self.block(body[0].body)
+        return self.stmts(body)
 
     def stmt(self, s: Stmt) -> str:
         if isinstance(s, For):
@@ -141,7 +174,7 @@ class _Printer:
                     decl = self.alloc(s.buf)
                     return "\n".join("{\n" + indent(decl + "\n" + self.stmt(x)) + "\n}" for x in s.body)
                 return self.alloc(s.buf) + "\n" + self.stmts(s.body)
-            return "{\n" + indent(self.alloc(s.buf) + "\n" + self.stmts(s.body)) + "\n}"
+            return "{\n" + indent(self.alloc(s.buf) + "\n" + self.block(s.body)) + "\n}"
         if isinstance(s, Micro):
             self.micro.add(s.name)
             return f"dlcc_uk_{s.name}({', '.join(self.e(a) for a in s.args)});"
@@ -154,6 +187,8 @@ class _Printer:
     def alloc(self, b: Buf) -> str:
         ct = ctype(b.dtype)
         if b.scope in ("register", "stack"):
+            if not b.shape:
+                return f"{ct} {b.name};"
             if b.vector > 1:
                 *lead, last = b.shape
                 dims = "".join(f"[{d}]" for d in lead) + f"[{-(-last // b.vector)}]"
@@ -171,8 +206,8 @@ class _Printer:
 
 
 def print_c(f: Func, ptrs: dict[str, str], store: Callable[[Sequence[str], str], str] | None = None,
-            lanes: int = 4) -> tuple[str, set[str]]:
+            lanes: int = 4, inputs: dict[int, Index] | None = None) -> tuple[str, set[str]]:
     """C statements computing ``f`` and the micro-kernels it calls. A parameter is the C pointer of its name
-    unless ``ptrs`` says otherwise; workspace buffers are at ``ptrs``."""
-    p = _Printer({**{b.name: b.name for b in f.params}, **ptrs}, store, lanes)
+    unless ``ptrs`` says otherwise; workspace buffers are at ``ptrs``; ``inputs[k]`` prints opaque input ``k``."""
+    p = _Printer({**{b.name: b.name for b in f.params}, **ptrs}, store, lanes, inputs or {})
     return p.stmts(f.body), p.micro

@@ -1,8 +1,8 @@
 """Loop-level kernel IR: loop nests over buffers with layouts, vector accesses, scoped allocations and calls
 to named micro-kernels. The level between a kernel's algorithm and its C.
 
-What goes in: built by a kernel's lowering (``dlcc.codegen.templates.gemm_lir`` builds the packed GEMM) with
-the constructors below; schedule transformations (``split``, ``mark``) rewrite it.
+What goes in: built by a kernel's schedule (``dlcc.schedule.gemm``, ``dwconv``, ``reduce``) with the constructors
+below; schedule transformations (``split``, ``mark``) rewrite it.
 What comes out: a ``Func`` that ``print_func`` lists, ``verify_func`` checks, ``run_func`` interprets with
 numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
 
@@ -19,19 +19,27 @@ numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
         Epilogue(index, value)              hands element ``index`` of the kernel's result to the fused
                                             epilogue (bias, activation, residual add, the final store)
       expressions: Var, Const, Bin(op, a, b), Load(buf, index, lanes), Bcast(value, lanes), Select(cond, a, b),
-                   Ptr(buf, index)
+                   Ptr(buf, index),
+        Call(fn, args)                      a float32 math function of ``CALLS`` (exp, log, sqrt, pow, abs...)
+        Cast(value, dtype)                  a scalar converted to float32, float64 or int64
+        In(k, index, shape, dtype)          element ``index`` of the kernel's opaque input ``k``: a fused producer's
+                                            value computed where it is read (the symmetric of Epilogue)
 
-Buffers hold scalars; a vector access reads or writes ``lanes`` consecutive elements along the last logical
-axis, which the layout must keep contiguous. A ``Layout`` maps a logical index to an element offset:
-``offset + sum(stride * ((index[axis] // div) % ext))`` over its physical dims, so a permutation, strides,
-channel blocking (NCHWc: the channel axis appears twice, ``c // 16`` and ``c % 16``) and a zero padding
-ring (a larger physical extent, an offset) are all one form.
+Types: int64 (indices, 0/1 conditions), float32, float64 (scalars only). Bin's arithmetic keeps its operands'
+dtype; a comparison (``<``, ``<=``, ``==``, ``!=``, on ints or floats) is an int64 0/1.
+
+Buffers hold scalars (a register or stack buffer of rank 0 is one scalar: a C local); a vector access reads or
+writes ``lanes`` consecutive elements along the last logical axis, which the layout must keep contiguous. A
+``Layout`` maps a logical index to an element offset: ``offset + sum(stride * ((index[axis] // div) % ext))``
+over its physical dims, so a permutation, strides, channel blocking (NCHWc: the channel axis appears twice,
+``c // 16`` and ``c % 16``) and a zero padding ring (a larger physical extent, an offset) are all one form.
 
 Invariants (``verify_func``): every variable is bound by an enclosing loop; every buffer is a parameter, an
 enclosing allocation or declared workspace; indices are int64 and every access (vector lanes and micro-kernel
 footprints included) stays inside its buffer for every value of the loop variables; stored values have the
-buffer's dtype; the iterations of a parallel loop write disjoint element ranges of every buffer allocated
-outside it, and hand disjoint boxes of indices to the epilogue.
+buffer's dtype; calls, casts and opaque inputs are scalars of the dtypes above; the iterations of a parallel loop
+write disjoint element ranges of every buffer allocated outside it, and hand disjoint boxes of indices to the
+epilogue.
 """
 
 from __future__ import annotations
@@ -44,15 +52,23 @@ import numpy as np
 
 from dlcc.errors import PassError
 
-__all__ = ["Alloc", "Bcast", "Bin", "Buf", "Const", "Epilogue", "Expr", "For", "Func", "If", "Layout", "Load",
-           "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var", "mark", "print_func", "run_func", "split",
-           "verify_func"]
+__all__ = ["CALLS", "Alloc", "Bcast", "Bin", "Buf", "Call", "Cast", "Const", "Epilogue", "Expr", "For", "Func", "If",
+           "In", "Layout", "Load", "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var", "mark",
+           "print_func", "run_func", "split", "verify_func"]
 
 SCOPES = ("global", "register", "stack", "workspace", "thread_workspace")
 KINDS = ("serial", "parallel", "vectorized", "unrolled")
 PRIVATE = ("register", "stack")  # allocated inside a parallel loop's body (its task): each thread has its own
 INT_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&")
-FLOAT_OPS = ("+", "-", "*", "/", "min", "max")
+FLOAT_OPS = ("+", "-", "*", "/", "min", "max", "<", "<=", "==", "!=")
+COMPARISONS = ("<", "<=", "==", "!=", "&&")
+DTYPES = ("int64", "float32", "float64")
+
+# Call(fn, args): the float32 math functions (their C forms are codegen's: dlcc.codegen.vmath where it has them)
+CALLS: dict[str, tuple[int, Callable]] = {
+    "exp": (1, np.exp), "expm1": (1, np.expm1), "log": (1, np.log), "log1p": (1, np.log1p), "tanh": (1, np.tanh),
+    "sigmoid": (1, lambda x: 1 / (1 + np.exp(-x))), "sqrt": (1, np.sqrt), "abs": (1, np.abs), "pow": (2, np.power),
+}
 
 
 # ----------------------------------------------------------------------------------------------- layouts
@@ -131,6 +147,9 @@ class Expr:
     def __floordiv__(self, o):
         return Bin("//", self, _e(o))
 
+    def __truediv__(self, o):
+        return Bin("/", self, _e(o))
+
     def __mod__(self, o):
         return Bin("%", self, _e(o))
 
@@ -162,7 +181,7 @@ class Bin(Expr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return "int64" if self.op in ("<", "<=", "==", "!=", "&&") else self.a.dtype
+        return "int64" if self.op in COMPARISONS else self.a.dtype
 
     @property
     def lanes(self) -> int:  # type: ignore[override]
@@ -214,6 +233,34 @@ class Ptr(Expr):
     index: tuple[Expr, ...]
 
     dtype = "ptr"
+
+
+@dataclass(frozen=True, eq=True)
+class Call(Expr):
+    """``fn(*args)``, a float32 function of ``CALLS``."""
+    fn: str
+    args: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.args[0].dtype
+
+
+@dataclass(frozen=True, eq=True)
+class Cast(Expr):
+    """``value`` converted to ``dtype`` (C's conversion: float to int truncates)."""
+    value: Expr
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True, eq=True)
+class In(Expr):
+    """Element ``index`` of the kernel's opaque input ``k`` of logical ``shape``: a value the kernel's user
+    computes where it is read (a fused elementwise producer, or a plain load), as ``Epilogue`` hands values on."""
+    k: int
+    index: tuple[Expr, ...]
+    shape: tuple[int, ...]
+    dtype: str = "float32"
 
 
 def simplify(e: Expr) -> Expr:
@@ -362,6 +409,12 @@ def _pe(e: Expr) -> str:
         return f"select({_pe(e.cond)}, {_pe(e.a)}, {_pe(e.b)})"
     if isinstance(e, Ptr):
         return f"&{e.buf.name}[{', '.join(_pe(i) for i in e.index)}]"
+    if isinstance(e, Call):
+        return f"{e.fn}({', '.join(_pe(a) for a in e.args)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({_pe(e.value)})"
+    if isinstance(e, In):
+        return f"in{e.k}[{', '.join(_pe(i) for i in e.index)}]"
     raise PassError(f"loop IR: unknown expression {e!r}")
 
 
@@ -419,6 +472,8 @@ def interval(e: Expr, env: dict[str, Interval]) -> Interval:
             raise PassError(f"loop IR: variable {e.name} is not bound by an enclosing loop")
         return env[e.name]
     if isinstance(e, Bin):
+        if e.a.dtype != "int64":
+            return 0, 1  # a comparison of floats
         (al, ah), (bl, bh) = interval(e.a, env), interval(e.b, env)
         if e.op == "+":
             return al + bl, ah + bh
@@ -539,18 +594,21 @@ class _Verifier:
         if self.bufs.get(b.name) != b:
             self.fail(f"buffer {b.name} is not a parameter, an enclosing allocation or declared workspace")
 
-    def access(self, b: Buf, index: Sequence[Expr], lanes: int, env, write: bool) -> None:
-        self.buf(b)
-        if len(index) != len(b.shape):
-            self.fail(f"{len(index)} indices into {b.name}{list(b.shape)}")
+    def index(self, name: str, shape: Sequence[int], index: Sequence[Expr], lanes: int, env) -> None:
+        if len(index) != len(shape):
+            self.fail(f"{len(index)} indices into {name}{list(shape)}")
         for d, i in enumerate(index):
             if i.dtype != "int64" or i.lanes != 1:
-                self.fail(f"index {_pe(i)} of {b.name} is not a scalar int64")
+                self.fail(f"index {_pe(i)} of {name} is not a scalar int64")
             lo, hi = interval(i, env)
             if d == len(index) - 1:
                 hi += lanes - 1
-            if lo < 0 or hi >= b.shape[d]:
-                self.fail_bounds(f"{b.name} axis {d} index {_pe(i)} spans [{lo}, {hi}] outside [0, {b.shape[d] - 1}]")
+            if lo < 0 or hi >= shape[d]:
+                self.fail_bounds(f"{name} axis {d} index {_pe(i)} spans [{lo}, {hi}] outside [0, {shape[d] - 1}]")
+
+    def access(self, b: Buf, index: Sequence[Expr], lanes: int, env, write: bool) -> None:
+        self.buf(b)
+        self.index(b.name, b.shape, index, lanes, env)
         if lanes > 1 and not b.layout.vector_ok(lanes):
             self.fail(f"vector access of {lanes} lanes to {b.name}, whose layout is not contiguous on the last axis")
         if b.vector > 1 and lanes not in (1, b.vector):
@@ -558,7 +616,8 @@ class _Verifier:
         if write and self.writes and b.scope not in PRIVATE:
             lo, hi = interval(b.layout.address(index), env)
             box = [interval(i, env) for i in index]
-            box[-1] = (box[-1][0], box[-1][1] + lanes - 1)
+            if box:
+                box[-1] = (box[-1][0], box[-1][1] + lanes - 1)
             for w in self.writes:
                 w.add(b.name, lo, hi + lanes - 1, box)
 
@@ -585,6 +644,21 @@ class _Verifier:
                 self.fail(f"{_pe(e)}: the condition must be int64 and both values of one dtype")
         elif isinstance(e, Ptr):
             self.access(e.buf, e.index, 1, env, False)
+        elif isinstance(e, Call):
+            if len(e.args) != CALLS.get(e.fn, (None,))[0]:
+                self.fail(f"{_pe(e)}: unknown function or wrong number of arguments")
+            for a in e.args:
+                self.expr(a, env)
+                if a.dtype != "float32" or a.lanes != 1:
+                    self.fail(f"{_pe(e)}: the arguments must be float32 scalars")
+        elif isinstance(e, Cast):
+            self.expr(e.value, env)
+            if e.dtype not in DTYPES or e.value.dtype not in DTYPES or e.value.lanes != 1:
+                self.fail(f"{_pe(e)}: a cast converts a scalar between {', '.join(DTYPES)}")
+        elif isinstance(e, In):
+            self.index(f"in{e.k}", e.shape, e.index, 1, env)
+            if e.dtype not in DTYPES:
+                self.fail(f"{_pe(e)}: opaque input of dtype {e.dtype}")
         else:
             self.fail(f"unknown expression {e!r}")
 
@@ -743,28 +817,42 @@ def verify_func(f: Func) -> None:
 
 # ------------------------------------------------------------------------------------------ interpreter
 class _Interp:
-    def __init__(self, arrays: dict[str, np.ndarray], epilogue):
+    def __init__(self, arrays: dict[str, np.ndarray], epilogue, inputs):
         self.mem = arrays  # buffer name -> flat array (physical)
         self.epilogue = epilogue
+        self.inputs = inputs
 
     def ev(self, e: Expr, env: dict[str, int]):
         if isinstance(e, Const):
-            return e.value if e.dtype == "int64" else np.float32(e.value)
+            return e.value if e.dtype == "int64" else np.dtype(e.dtype).type(e.value)
         if isinstance(e, Var):
             return env[e.name]
         if isinstance(e, Bin):
             a, b = self.ev(e.a, env), self.ev(e.b, env)
-            if e.dtype == "int64" and e.a.dtype == "int64":
+            if e.a.dtype == "int64":
                 return _int_op(e.op, int(a), int(b))
+            if e.op in COMPARISONS:
+                return int({"<": a < b, "<=": a <= b, "==": a == b, "!=": a != b}[e.op])
             f = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "min": np.minimum,
                  "max": np.maximum}[e.op]
-            return np.float32(f(a, b)) if e.lanes == 1 else f(a, b).astype(np.float32)
+            t = np.dtype(e.dtype).type
+            return t(f(a, b)) if e.lanes == 1 else f(a, b).astype(t)
+        if isinstance(e, Call):
+            return np.float32(CALLS[e.fn][1](*(self.ev(a, env) for a in e.args)))
+        if isinstance(e, Cast):
+            v = self.ev(e.value, env)
+            return int(v) if e.dtype == "int64" else np.dtype(e.dtype).type(v)
+        if isinstance(e, In):
+            idx = tuple(int(self.ev(i, env)) for i in e.index)
+            src = self.inputs[e.k]
+            v = src(idx) if callable(src) else src[idx]
+            return int(v) if e.dtype == "int64" else np.dtype(e.dtype).type(v)
         if isinstance(e, Load):
             addr = self.addrs(e.buf, e.index, e.lanes, env)
             vals = self.mem[e.buf.name][addr]
             return vals[0] if e.lanes == 1 else vals.copy()
         if isinstance(e, Bcast):
-            return np.full(e.lanes, self.ev(e.value, env), dtype=np.float32)
+            return np.full(e.lanes, self.ev(e.value, env), dtype=e.dtype)
         if isinstance(e, Select):
             a, b = self.ev(e.a, env), self.ev(e.b, env)
             return a if self.ev(e.cond, env) else b
@@ -776,7 +864,7 @@ class _Interp:
         idx = [int(self.ev(i, env)) for i in index]
         out = []
         for lane in range(lanes):
-            j = [*idx[:-1], idx[-1] + lane]
+            j = [*idx[:-1], idx[-1] + lane] if idx else []
             out.append(int(self.ev(b.layout.address([Const(x) for x in j]), {})))
         return np.array(out)
 
@@ -809,14 +897,16 @@ class _Interp:
                 self.epilogue(tuple(int(self.ev(i, env)) for i in s.index), self.ev(s.value, env))
 
 
-def run_func(f: Func, arrays: dict[str, np.ndarray], epilogue=None) -> None:
+def run_func(f: Func, arrays: dict[str, np.ndarray], epilogue=None, inputs=None) -> None:
     """Interpret ``f`` on flat numpy arrays (one per parameter, by name, at least ``layout.span`` long),
     updating them in place; workspace is allocated here. ``epilogue(index, value)`` receives the Epilogue
-    statements' elements."""
+    statements' elements; ``inputs[k]`` gives the opaque input ``k`` (``In``): an array indexed by the
+    element's index, or a function of it. Float arithmetic follows C (inf and NaN without warnings)."""
     mem = dict(arrays)
     for b in f.workspace:
         mem[b.name] = np.full(b.layout.span, np.nan, dtype=b.dtype)
-    _Interp(mem, epilogue or (lambda idx, v: None)).run(f.body, {})
+    with np.errstate(all="ignore"):
+        _Interp(mem, epilogue or (lambda idx, v: None), inputs or {}).run(f.body, {})
 
 
 # ---------------------------------------------------------------------------------------- transformations
@@ -833,6 +923,12 @@ def _subst(e: Expr, var: str, new: Expr) -> Expr:
         return Select(_subst(e.cond, var, new), _subst(e.a, var, new), _subst(e.b, var, new))
     if isinstance(e, Ptr):
         return Ptr(e.buf, tuple(_subst(i, var, new) for i in e.index))
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(_subst(a, var, new) for a in e.args))
+    if isinstance(e, Cast):
+        return Cast(_subst(e.value, var, new), e.dtype)
+    if isinstance(e, In):
+        return In(e.k, tuple(_subst(i, var, new) for i in e.index), e.shape, e.dtype)
     return e
 
 

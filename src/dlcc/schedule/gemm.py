@@ -48,7 +48,7 @@ __all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_g
            "gemm_func", "gemm_func_batched", "gemm_func_conv", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm",
            "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst"]
 
-MIN_N = 8  # below this many columns a product is a set of dot products (the matmul template's other path)
+MIN_N = 8  # below this many columns a product is a set of dot products (schedule.matmul.dots_func)
 
 
 @dataclass(frozen=True)

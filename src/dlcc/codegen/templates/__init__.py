@@ -23,7 +23,7 @@ A template that meets an attribute or shape it does not handle raises ``Template
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,10 +61,12 @@ class TemplateCall:
             raise RuntimeError("this call cannot pack weights")
         return self.pack(np.ascontiguousarray(array))
 
-    def emit(self, f: Func, store: Store, ptrs: dict[str, str] | None = None) -> str:
-        """The C of loop-IR function ``f`` (``lir_c.print_c``; ``ptrs``: where its workspace is), its micro-kernels
-        added to ``micro`` and its listing to ``loop_ir``."""
-        text, micro = print_c(f, ptrs or {}, store, self.target.lanes)
+    def emit(self, f: Func, store: Store, ptrs: dict[str, str] | None = None,
+             inputs: dict[int, Callable[[Sequence[str]], str]] | None = None) -> str:
+        """The C of loop-IR function ``f`` (``lir_c.print_c``; ``ptrs``: where its workspace is; ``inputs[k]``: the C
+        of element ``idx`` of its opaque input ``k``, e.g. an ``Operand.at``), its micro-kernels added to ``micro``
+        and its listing to ``loop_ir``."""
+        text, micro = print_c(f, ptrs or {}, store, self.target.lanes, inputs)
         self.micro.update(micro)
         self.loop_ir.append(print_func(f))
         return text

@@ -1,15 +1,16 @@
 """Matrix products: MatMul (numpy semantics: 1-D operands, broadcast batch dims) and Gemm.
 
 What goes in: a ``TemplateCall`` with buffer operands (``needs_buffers``); B may be a compile-time constant.
-What comes out: C computing ``C[b, i, j] = sum_k A[b, i, k] * B[b, k, j]`` and one ``store`` per element.
-
-Kernel: for each batch, B's columns are split into panels of ``nb`` columns (``nb * K`` floats sized to stay
-in L2 cache), and for each panel the rows of A are taken ``MR`` at a time: a local accumulator block
-``acc[MR][nb]`` (L1 resident) is updated for every k with ``acc[r][j] += a_r * B[k, j0 + j]`` (contiguous
-inner j loop: vectorizes, each B load feeds MR FMAs), then stored. A constant B is repacked at compile
-time panel by panel (panel p holds ``B[:, j0:j0+nb]`` row-major), so the inner loop streams one contiguous
-panel; Gemm's transB is folded into that repacking. A product with few output columns (N < 8) is a set of
-dot products along k instead (with a constant B transposed to [N, K]), split over 8 partial sums.
+What comes out: C computing ``C[b, i, j] = sum_k A[b, i, k] * B[b, k, j]`` and one ``store`` per element,
+printed from the loop IR of one of four kernels:
+- a weight B (2-D, at least MIN_N columns): the packed GEMM over all rows of A (``schedule.gemm.gemm_func``);
+- two run-time operands with the same batch dims (attention): the batched packed GEMM (``gemm_func_batched``);
+- any other product: the panel kernel (``schedule.matmul.panels_func``: accumulator blocks of a few rows of A
+  against panels of B that stay in L2; a constant B repacked panel by panel at compile time, Gemm's transB
+  folded into that), or with fewer than MIN_N output columns dot products along k (``dots_func``, a
+  constant B transposed to [N, K] at compile time).
+Operands are loop-IR buffers of the product's logical shapes: a broadcast batch dim or the missing axis of a
+1-D operand is a dim of stride 0, Gemm's transA/transB swap the strides.
 Sums run in a different order than onnxruntime: compared with rtol 1e-4 (DESIGN tolerance for matmul).
 """
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from dlcc.codegen.cbase import TemplateError, TensorRef, c_float, indent, loops
+from dlcc.codegen.cbase import TemplateError, TensorRef, c_float
 from dlcc.codegen.expr import broadcast_index
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.threads import par_for
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.gemm import (
     MIN_N,
@@ -34,35 +35,20 @@ from dlcc.schedule.gemm import (
     plan_gemm,
     plan_gemm_batched,
 )
-
-NB_MAX = 256
-DOT_N = 8  # below this many output columns, use dot products along k
-
-
-def _panel_width(n: int, k: int, panel_bytes: int) -> int:
-    nb = panel_bytes // (4 * max(k, 1))
-    nb = max(16, min(NB_MAX, nb - nb % 16))
-    return n if n <= nb else nb
-
-
-def _pack_panels(b: np.ndarray, nb: int) -> np.ndarray:
-    """[..., K, N] -> [..., K*N] with panels of nb columns, each row-major [K, w]."""
-    n = b.shape[-1]
-    parts = [b[..., :, j0:j0 + nb].reshape(*b.shape[:-2], -1) for j0 in range(0, n, nb)]
-    return np.concatenate(parts, axis=-1).astype(np.float32)
+from dlcc.schedule.matmul import dots_func, pack_panels, panel_width, panels_func
 
 
 class _Gemm:
-    """One batched product: accessors for A and B elements by (batch index, row, col)."""
+    """One batched product: its operands as loop-IR buffers of the product's logical shapes."""
 
-    def __init__(self, call: TemplateCall, batch: tuple[int, ...], m: int, n: int, k: int, a_at, b_runtime,
+    def __init__(self, call: TemplateCall, batch: tuple[int, ...], m: int, n: int, k: int, a: Buf, b: Buf | None,
                  b_const: np.ndarray | None, b_batch: tuple[int, ...], b_ref: TensorRef | None, epilogue,
                  a_rows: tuple[TensorRef, int, int] | None = None, trivial_epilogue: bool = False,
                  ab_refs: tuple[TensorRef, TensorRef] | None = None):
         self.call, self.names = call, call.names
         self.batch, self.m, self.n, self.k = batch, m, n, k
-        self.a_at = a_at  # (bidx, i, k) -> C expr
-        self.b_runtime = b_runtime  # (bidx, k, j) -> C expr, for a runtime B
+        self.a = a  # A as [*batch, m, k] (broadcast dims of stride 0)
+        self.b = b  # a run-time B as [*batch, k, n], or None
         self.b_const = b_const  # [*b_batch, K, N] float32, or None
         self.b_batch = b_batch
         self.b_ref = b_ref  # the B buffer when it can be read as is ([*b_batch, K, N] row-major)
@@ -77,21 +63,27 @@ class _Gemm:
         packed = self._packed_lir() if self.b_const is not None else self._batched_lir()
         if packed is not None:
             return packed
-        body = self._dot if self.n < DOT_N else self._panels
-        work = 2.0 * self.m * self.n * self.k * math.prod(self.batch)
-        self.par = self.call.threads if self.call.parallel(work) else 0
-        lead = next((d for d, n in enumerate(self.batch) if n > 1), None)
-        if self.par and lead is not None and self.batch[lead] >= self.par:
-            # threads over the batch (attention heads...): each product is its own; the panels stay serial
-            self.par = 0
-            var = self.names("pb")
-            shape = [1 if d <= lead else n for d, n in enumerate(self.batch)]
-            _, text = loops(shape, self.names, lambda bidx: body([*bidx[:lead], var, *bidx[lead + 1:]]), prefix="b")
-            return par_for(var, self.batch[lead], text)
-        if math.prod(self.batch) > 1:
-            self.par = 0  # (a marked loop must be the outermost statement)
-        bidx, text = loops(self.batch, self.names, lambda bidx: body(list(bidx)), prefix="b")
-        return text
+        call = self.call
+        par = call.threads if call.parallel(2.0 * self.m * self.n * self.k * math.prod(self.batch)) else 1
+        dims = (self.batch, self.m, self.n, self.k)
+        if self.n < MIN_N:  # few columns: dot products along k
+            b = self.b
+            if b is None:
+                bt = call.packed(np.swapaxes(self.b_const, -1, -2).reshape(*self.b_batch, -1))
+                b = _batched(bt, len(self.b_batch), self.batch, (self.k, self.n), (1, self.k))
+            f = dots_func(*dims, self.a, b, lanes=call.target.lanes, threads=par, fresh=self.names)
+            _verify_once(dots_func, dims, self.a.layout, b.layout, lanes=call.target.lanes, threads=par)
+        else:
+            nb = panel_width(self.n, self.k, call.target.gemm_panel_bytes)
+            b, packed = self.b, self.b_const is not None
+            if packed:
+                ref = self.b_ref if self.b_ref is not None and nb == self.n else call.packed(
+                    pack_panels(self.b_const, nb))
+                b = _batched(ref, len(self.b_batch), self.batch, (self.k * self.n,), (1,))
+            opts = {"rows": call.target.gemm_rows, "nb": nb, "packed": packed, "threads": par}
+            f = panels_func(*dims, self.a, b, **opts, fresh=self.names)
+            _verify_once(panels_func, dims, self.a.layout, b.layout, **opts)
+        return call.emit(f, lambda idx, v: self.epilogue(list(idx[:-2]), idx[-2], idx[-1], v))
 
     # -- the packed GEMM (loop IR, schedule.gemm): a constant B, all rows of A as one matrix
     def _packed_lir(self) -> str | None:
@@ -112,7 +104,7 @@ class _Gemm:
         cb = Buf(c.ptr, "float32", Layout.strided((rows, self.n), (self.n, 1), c.offset))
         wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
         f = gemm_func(plan, a, bp, cb, wsb, not self.trivial, fresh=names)
-        _verify_once(plan, (rs, cs), not self.trivial, ws.size)
+        _verify_packed_once(plan, (rs, cs), not self.trivial, ws.size)
         batch, m = self.batch, self.m
 
         def store(idx, v):
@@ -155,148 +147,27 @@ class _Gemm:
 
         return call.emit(f, store, {wsb.name: ws.base()})
 
-    # -- B access for the panel kernel
-    def _setup_panels(self) -> None:
-        self.nb = _panel_width(self.n, self.k, self.call.target.gemm_panel_bytes)
-        self.packed = None
-        if self.b_const is not None:
-            if self.b_ref is not None and self.nb == self.n:
-                self.packed = self.b_ref
-            else:
-                self.packed = self.call.packed(_pack_panels(self.b_const, self.nb))
 
-    def _b_panel(self, bidx: list[str], kk: str, j0: str, w: int, j: str) -> str:
-        if self.packed is None:
-            return self.b_runtime(bidx, kk, f"{j0} + {j}")
-        bb = broadcast_index(bidx, self.b_batch)
-        if self.packed is self.b_ref:
-            return self.packed.at([*bb, kk, f"{j0} + {j}"])
-        # panel base j0*K, row stride w
-        lin = f"({j0})*{self.k} + ({kk})*{w} + {j}"
-        return self.packed.at([*bb, lin])
-
-    def _panels(self, bidx: list[str]) -> str:
-        self._setup_panels()
-        n, m, nb = self.n, self.m, self.nb
-        parts = []
-        nfull, ntail = divmod(n, nb)
-        MR = self.call.target.gemm_rows  # rows of A per block
-        mfull, mtail = divmod(m, MR)
-        col_blocks = []
-        if nfull:
-            col_blocks.append(("loop", nfull, nb))
-        if ntail:
-            col_blocks.append(("at", nfull * nb, ntail))
-        T = min(self.par, mfull)
-        if T > 1:  # threads: each takes a range of row blocks through every panel (B stays in its own L2)
-            return self._panels_rows(bidx, col_blocks, T, MR, mfull, mtail)
-        if self.par > 1 and nfull + (ntail > 0) > 1:  # few rows: threads over the panels
-            q = self.names("q")
-            one = self._panel_rows(bidx, f"({q})*{nb}", nb, MR, mfull, mtail, "0", str(mfull))
-            if ntail:
-                tail = self._panel_rows(bidx, str(nfull * nb), ntail, MR, mfull, mtail, "0", str(mfull))
-                one = f"if ({q} < {nfull}) {{\n{indent(one)}\n}} else {{\n{indent(tail)}\n}}" if nfull else tail
-            return par_for(q, nfull + (ntail > 0), one)
-        for kind, cval, w in col_blocks:
-            if kind == "loop" and nfull > 1:
-                j0 = self.names("j")
-                head, cexpr = f"for (int64_t {j0} = 0; {j0} < {nfull * nb}; {j0} += {nb}) {{", j0
-            else:
-                head, cexpr = "{", str(cval if kind == "at" else 0)
-            rows = []
-            if mfull:
-                if mfull > 1:
-                    i0 = self.names("i")
-                    rows.append(f"for (int64_t {i0} = 0; {i0} < {mfull * MR}; {i0} += {MR}) {{\n"
-                                f"{indent(self._block(bidx, i0, MR, cexpr, w))}\n}}")
-                else:
-                    rows.append(f"{{\n{indent(self._block(bidx, '0', MR, cexpr, w))}\n}}")
-            if mtail:
-                rows.append(f"{{\n{indent(self._block(bidx, str(mfull * MR), mtail, cexpr, w))}\n}}")
-            parts.append(f"{head}\n{indent(chr(10).join(rows))}\n}}")
-        return "\n".join(parts)
-
-    def _panel_rows(self, bidx: list[str], cexpr: str, w: int, MR: int, mfull: int, mtail: int, rb0: str,
-                    rb1: str, tail_if: str | None = None) -> str:
-        """Row blocks [rb0, rb1) of one panel (columns from ``cexpr``, ``w`` wide), then the row tail
-        (when ``tail_if``: only where that C condition holds)."""
-        i0 = self.names("i")
-        rows = [f"for (int64_t {i0} = ({rb0}) * {MR}; {i0} < ({rb1}) * {MR}; {i0} += {MR}) {{\n"
-                f"{indent(self._block(bidx, i0, MR, cexpr, w))}\n}}"]
-        if mtail:
-            tail = self._block(bidx, str(mfull * MR), mtail, cexpr, w)
-            rows.append(f"if ({tail_if}) {{\n{indent(tail)}\n}}" if tail_if else f"{{\n{indent(tail)}\n}}")
-        return "\n".join(rows)
-
-    def _panels_rows(self, bidx: list[str], col_blocks: list, T: int, MR: int, mfull: int, mtail: int) -> str:
-        t, rb0, rb1 = self.names("t"), self.names("rb"), self.names("rb")
-        parts = [f"const int64_t {rb0} = {t} * {mfull} / {T};", f"const int64_t {rb1} = ({t} + 1) * {mfull} / {T};"]
-        for kind, cval, w in col_blocks:
-            if kind == "loop" and cval > 1:
-                j0 = self.names("j")
-                body = self._panel_rows(bidx, j0, w, MR, mfull, mtail, rb0, rb1, f"{t} == {T - 1}")
-                parts.append(f"for (int64_t {j0} = 0; {j0} < {cval * w}; {j0} += {w}) {{\n{indent(body)}\n}}")
-            else:
-                start = str(cval if kind == "at" else 0)
-                body = self._panel_rows(bidx, start, w, MR, mfull, mtail, rb0, rb1, f"{t} == {T - 1}")
-                parts.append(f"{{\n{indent(body)}\n}}")
-        return par_for(t, T, "\n".join(parts))
-
-    def _block(self, bidx: list[str], i0: str, mr: int, j0: str, w: int) -> str:
-        nm = self.names
-        acc, kk, j, r = nm("acc"), nm("k"), nm("j"), nm("r")
-        a_names = [nm("a") for _ in range(mr)]
-        loads = "\n".join(f"const float {a} = {self.a_at(bidx, f'{i0} + {q}', kk)};" for q, a in enumerate(a_names))
-        bv = nm("bv")
-        fmas = "\n".join(f"{acc}[{q}][{j}] += {a} * {bv};" for q, a in enumerate(a_names))
-        inner = (f"for (int64_t {j} = 0; {j} < {w}; ++{j}) {{\n"
-                 f"    const float {bv} = {self._b_panel(bidx, kk, j0, w, j)};\n{indent(fmas)}\n}}")
-        store = self.epilogue(bidx, f"{i0} + {r}", f"{j0} + {j}", f"{acc}[{r}][{j}]")
-        return (f"float {acc}[{mr}][{w}];\nmemset({acc}, 0, sizeof {acc});\n"
-                f"for (int64_t {kk} = 0; {kk} < {self.k}; ++{kk}) {{\n{indent(loads)}\n{indent(inner)}\n}}\n"
-                f"for (int64_t {r} = 0; {r} < {mr}; ++{r}) {{\n"
-                f"    for (int64_t {j} = 0; {j} < {w}; ++{j}) {{\n{indent(store, 2)}\n    }}\n}}")
-
-    # -- few columns: dot products along k
-    def _dot(self, bidx: list[str]) -> str:
-        LANES = self.call.target.lanes  # partial sums of a dot product: one vector
-        nm = self.names
-        if not hasattr(self, "bt"):
-            self.bt = None
-            if self.b_const is not None:
-                bt = np.swapaxes(self.b_const, -1, -2).reshape(*self.b_batch, -1)
-                self.bt = self.call.packed(bt.astype(np.float32))
-        i, j = nm("i"), nm("j")
-        k = self.k
-
-        def b_at(kk: str) -> str:
-            if self.bt is None:
-                return self.b_runtime(bidx, kk, j)
-            return self.bt.at([*broadcast_index(bidx, self.b_batch), f"({j})*{k} + {kk}"])
-
-        s = nm("s")
-        if k >= 2 * LANES:
-            lane, kk, ln = nm("lane"), nm("k"), nm("l")
-            e = f"{kk} + {ln}"
-            merged = " + ".join(f"{lane}[{q}]" for q in range(LANES))
-            dot = (f"float {lane}[{LANES}] = {{0}};\nint64_t {kk};\n"
-                   f"for ({kk} = 0; {kk} + {LANES} <= {k}; {kk} += {LANES}) {{\n"
-                   f"    for (int64_t {ln} = 0; {ln} < {LANES}; ++{ln}) "
-                   f"{lane}[{ln}] += {self.a_at(bidx, i, e)} * {b_at(e)};\n}}\n"
-                   f"for (; {kk} < {k}; ++{kk}) {lane}[0] += {self.a_at(bidx, i, kk)} * {b_at(kk)};\n"
-                   f"float {s} = {merged};")
-        else:
-            kk = nm("k")
-            dot = (f"float {s} = 0.0f;\n"
-                   f"for (int64_t {kk} = 0; {kk} < {k}; ++{kk}) {s} += {self.a_at(bidx, i, kk)} * {b_at(kk)};")
-        body = f"{dot}\n{self.epilogue(bidx, i, j, s)}"
-        for name, size in ((j, self.n), (i, self.m)):
-            body = f"for (int64_t {name} = 0; {name} < {size}; ++{name}) {{\n{indent(body)}\n}}"
-        return body
+def _batched(ref: TensorRef, own: int, batch: tuple[int, ...], shape: tuple[int, ...],
+             strides: Sequence[int]) -> Buf:
+    """``ref`` (its first ``own`` dims batch dims, then a matrix of ``shape`` at ``strides``) as a buffer of
+    shape (*batch, *shape): its batch dims aligned to the right of ``batch``, broadcast ones (absent or of
+    extent 1) with stride 0."""
+    bs = [s if d != 1 else 0 for d, s in zip(ref.shape[:own], ref.strides[:own], strict=True)]
+    bs = [0] * (len(batch) - own) + bs
+    strides = tuple(s if d != 1 else 0 for d, s in zip(shape, strides, strict=True))
+    return Buf(ref.ptr, "float32", Layout.strided((*batch, *shape), (*bs, *strides), ref.offset))
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bool, ws_floats: int) -> None:
+def _verify_once(build, dims: tuple, a: Layout, b: Layout, **opts) -> None:
+    """verify_func on a small-product kernel (``build``: ``panels_func`` or ``dots_func``) for these operand
+    layouts (the same for every product with them)."""
+    verify_func(build(*dims, Buf("a", "float32", a), Buf("b", "float32", b), **opts))
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_packed_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bool, ws_floats: int) -> None:
     """verify_func on the loop IR of ``plan`` (the same for every product with this plan and A's strides)."""
     rs, cs = a_strides
     span = (plan.m - 1) * rs + (plan.k - 1) * cs + 1
@@ -345,6 +216,13 @@ def _rows(ref: TensorRef | None, lead: int) -> tuple[TensorRef, int, int] | None
     return ref, rs, ref.strides[-1]
 
 
+def _ref(call: TemplateCall, i: int) -> TensorRef:
+    ref = call.inputs[i].ref
+    if ref is None:
+        raise TemplateError(f"{call.node.op_type}: input {i} must be a buffer")
+    return ref
+
+
 def _float(call: TemplateCall) -> None:
     for op in call.inputs:
         if op is not None and op.dtype != "float32":
@@ -376,15 +254,12 @@ def matmul(call: TemplateCall) -> str:
     if tuple(call.out_shape) != expect:
         raise TemplateError(f"MatMul: output shape {call.out_shape} is not {expect}")
 
-    def a_at(bidx, i, kk):
-        if a1:
-            return a.at([kk])
-        return a.at([*broadcast_index(bidx, a_batch), i, kk])
-
-    def b_at(bidx, kk, j):
-        if b1:
-            return b.at([kk])
-        return b.at([*broadcast_index(bidx, b_batch), kk, j])
+    aref = _ref(call, 0)
+    abuf = _batched(aref, len(a_batch), batch, (m, k), (0, aref.strides[0]) if a1 else aref.strides[-2:])
+    bbuf = None
+    if b.const is None:
+        bref = _ref(call, 1)
+        bbuf = _batched(bref, len(b_batch), batch, (k, n), (bref.strides[0], 0) if b1 else bref.strides[-2:])
 
     def epilogue(bidx, i, j, v):
         idx = [*bidx, *([] if a1 else [i]), *([] if b1 else [j])]
@@ -400,7 +275,7 @@ def matmul(call: TemplateCall) -> str:
     ab_refs = None
     if b.const is None and not a1 and not b1 and a.ref is not None and b.ref is not None and a_batch == b_batch:
         ab_refs = (a.ref, b.ref)
-    return _Gemm(call, batch, m, n, k, a_at, b_at, b_const, b_batch, b_ref, epilogue, a_rows, call.direct,
+    return _Gemm(call, batch, m, n, k, abuf, bbuf, b_const, b_batch, b_ref, epilogue, a_rows, call.direct,
                  ab_refs).code()
 
 
@@ -426,11 +301,12 @@ def gemm(call: TemplateCall) -> str:
             if dc not in (1, do):
                 raise TemplateError(f"Gemm: C of shape {c.shape} does not broadcast to {(m, n)}")
 
-    def a_at(bidx, i, kk):
-        return a.at([kk, i] if ta else [i, kk])
-
-    def b_at(bidx, kk, j):
-        return b.at([j, kk] if tb else [kk, j])
+    aref = _ref(call, 0)
+    abuf = _batched(aref, 0, (), (m, k), aref.strides[::-1] if ta else aref.strides)
+    bbuf = None
+    if b.const is None:
+        bref = _ref(call, 1)
+        bbuf = _batched(bref, 0, (), (k, n), bref.strides[::-1] if tb else bref.strides)
 
     def epilogue(bidx, i, j, v):
         val = v if alpha == 1.0 else f"{c_float(alpha)} * {v}"
@@ -446,8 +322,6 @@ def gemm(call: TemplateCall) -> str:
             b_const = np.ascontiguousarray(b_const.T)
         elif b.ref is not None and b.ref.contiguous:
             b_ref = b.ref
-    a_rows = None
-    if a.ref is not None:
-        a_rows = (a.ref, a.ref.strides[1], a.ref.strides[0]) if ta else (a.ref, a.ref.strides[0], a.ref.strides[1])
+    a_rows = (aref, aref.strides[1], aref.strides[0]) if ta else (aref, aref.strides[0], aref.strides[1])
     trivial = call.direct and alpha == 1.0 and (c is None or beta == 0.0)
-    return _Gemm(call, (), m, n, k, a_at, b_at, b_const, (), b_ref, epilogue, a_rows, trivial).code()
+    return _Gemm(call, (), m, n, k, abuf, bbuf, b_const, (), b_ref, epilogue, a_rows, trivial).code()

@@ -2,8 +2,9 @@
 
 What goes in: a ``TemplateCall`` whose inputs may be inlined expressions (read via ``Operand.at``).
 What comes out: C that computes each row's statistics (max / sum of exp, mean / inverse std...) with the
-shared reduction engine (reduce.py: vectorized, partial accumulators, the row cached in a stack array
-when it is small so an inlined input is evaluated once), then ``call.store``s every element of the row.
+shared reduction engine (``dlcc.schedule.reduce.row_func``: vectorized, partial accumulators, the row cached in a
+stack array when it is small so an inlined input is evaluated once), then ``call.store``s every element of the
+row; the loop IR printed by ``call.emit`` (``reduce.emit_row``), inputs 0..2 (x, scale, bias) as their operands.
 
 Softmax/LogSoftmax axis semantics: opset >= 13 (one axis, default -1) unless the node carries
 ``node.meta["dlcc.opset"] < 13`` (set by the lowering from the model's opset), in which case the input is
@@ -14,18 +15,10 @@ onnxruntime: compared with rtol 1e-4 where rows are long (DESIGN tolerance for r
 
 from __future__ import annotations
 
-from dlcc.codegen.cbase import TemplateError, c_float
-from dlcc.codegen.expr import broadcast_index
+from dlcc.codegen.cbase import TemplateError
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.templates.reduce import Pass, row_reduce
-
-
-def _plus(a, b):
-    return f"{a} + {b}"
-
-
-def _max(a, v, g=None):
-    return f"({v} > {a} ? {v} : {a})"
+from dlcc.codegen.templates.reduce import emit_row
+from dlcc.schedule.reduce import RowOp
 
 
 def _axis(call: TemplateCall, rank: int, default: int) -> int:
@@ -49,6 +42,17 @@ def _only_output0(call: TemplateCall) -> None:
             raise TemplateError(f"{call.node.op_type}: only output 0 is supported (Mean/InvStdDev are used)")
 
 
+def _emit(call: TemplateCall, axes: list[int], nparams: int) -> str:
+    """The row engine over ``axes`` with inputs 1..nparams (scale, bias) as parameters."""
+    params = tuple(tuple(call.inputs[k].shape) for k in range(1, 1 + nparams))
+    for k, shape in enumerate(params, 1):
+        if len(shape) > len(call.inputs[0].shape):
+            raise TemplateError(f"{call.node.op_type}: input {k} of shape {list(shape)} does not broadcast")
+    spec = RowOp(call.node.op_type, tuple(call.inputs[0].shape), tuple(axes), eps=float(call.attr("epsilon", 1e-5)),
+                 params=params)
+    return emit_row(call, spec)
+
+
 @register("Softmax", "LogSoftmax")
 def softmax(call: TemplateCall) -> str:
     _float_input(call)
@@ -58,93 +62,29 @@ def softmax(call: TemplateCall) -> str:
     if r == 0:
         raise TemplateError(f"{call.node.op_type}: scalar input")
     old = opset is not None and int(opset) < 13
-    axes = list(range(_axis(call, r, 1), r)) if old else [_axis(call, r, -1)]
-    m = Pass("m", "(-INFINITY)", _max, _max)
-    if call.node.op_type == "Softmax":
-        s = Pass("s", "0.0f", lambda a, v, g: f"{a} + {v}", _plus, transform=lambda v, g: f"dlcc_expf({v} - {g('m')})",
-                 after=lambda a, g: f"1.0f / {a}")
-
-        def fin(xe, g, cached, idx):
-            return f"{xe} * {g('s')}" if cached else f"dlcc_expf({xe} - {g('m')}) * {g('s')}"
-    else:
-        s = Pass("s", "0.0f", lambda a, v, g: f"{a} + dlcc_expf({v} - {g('m')})", _plus,
-                 after=lambda a, g: f"dlcc_logf({a}) + {g('m')}")
-
-        def fin(xe, g, cached, idx):
-            return f"{xe} - {g('s')}"
-    return row_reduce(call, x, axes, [m, s], finish_elem=fin, cache=True)
-
-
-def _mean_rstd(n: int, eps: float) -> list[Pass]:
-    """The mean is summed in double: exact for a row of equal values (a float sum of them rounds, and the
-    normalization then divides that rounding by sqrt(eps), far beyond float32 noise), and far more accurate
-    when |mean| is much larger than the spread. The deviations are then summed in float."""
-    inv_n = c_float(1.0 / n)
-    return [
-        Pass("mean", "0.0", lambda a, v, g: f"{a} + {v}", _plus, after=lambda a, g: f"{a} / {float(n)!r}",
-             dtype="float64"),
-        Pass("rstd", "0.0f", lambda a, v, g: f"{a} + ({v} - {_mean(g)}) * ({v} - {_mean(g)})", _plus,
-             after=lambda a, g: f"1.0f / sqrtf({a} * {inv_n} + {c_float(eps)})"),
-    ]
-
-
-def _mean(g) -> str:
-    return f"((float){g('mean')})"
+    return _emit(call, list(range(_axis(call, r, 1), r)) if old else [_axis(call, r, -1)], 0)
 
 
 @register("LayerNormalization")
 def layer_norm(call: TemplateCall) -> str:
     _float_input(call)
     _only_output0(call)
-    x = call.inputs[0]
-    r = len(x.shape)
-    axes = list(range(_axis(call, r, -1), r))
-    n = 1
-    for d in axes:
-        n *= x.shape[d]
-    scale = call.inputs[1]
-    bias = call.inputs[2] if len(call.inputs) > 2 else None
-    passes = _mean_rstd(n, float(call.attr("epsilon", 1e-5)))
-
-    def fin(xe, g, cached, idx):
-        v = f"({xe} - {_mean(g)}) * {g('rstd')} * {scale.at(broadcast_index(idx, scale.shape))}"
-        return f"{v} + {bias.at(broadcast_index(idx, bias.shape))}" if bias is not None else v
-    return row_reduce(call, x, axes, passes, finish_elem=fin, cache=True)
+    r = len(call.inputs[0].shape)
+    bias = len(call.inputs) > 2 and call.inputs[2] is not None
+    return _emit(call, list(range(_axis(call, r, -1), r)), 2 if bias else 1)
 
 
 @register("InstanceNormalization")
 def instance_norm(call: TemplateCall) -> str:
     _float_input(call)
-    x = call.inputs[0]
-    r = len(x.shape)
+    r = len(call.inputs[0].shape)
     if r < 3:
         raise TemplateError("InstanceNormalization: the input needs rank >= 3 (N, C, spatial...)")
-    axes = list(range(2, r))
-    n = 1
-    for d in axes:
-        n *= x.shape[d]
-    scale, bias = call.inputs[1], call.inputs[2]
-    passes = _mean_rstd(n, float(call.attr("epsilon", 1e-5)))
-
-    def fin(xe, g, cached, idx):
-        return f"({xe} - {_mean(g)}) * {g('rstd')} * {scale.at([idx[1]])} + {bias.at([idx[1]])}"
-    return row_reduce(call, x, axes, passes, finish_elem=fin, cache=True)
+    return _emit(call, list(range(2, r)), 2)
 
 
 @register("RMSNormalization")
 def rms_norm(call: TemplateCall) -> str:
     _float_input(call)
-    x = call.inputs[0]
-    r = len(x.shape)
-    axes = list(range(_axis(call, r, -1), r))
-    n = 1
-    for d in axes:
-        n *= x.shape[d]
-    scale = call.inputs[1]
-    inv_n, eps = c_float(1.0 / n), c_float(float(call.attr("epsilon", 1e-5)))
-    passes = [Pass("ss", "0.0f", lambda a, v, g: f"{a} + {v} * {v}", _plus,
-                   after=lambda a, g: f"1.0f / sqrtf({a} * {inv_n} + {eps})")]
-
-    def fin(xe, g, cached, idx):
-        return f"{xe} * {g('ss')} * {scale.at(broadcast_index(idx, scale.shape))}"
-    return row_reduce(call, x, axes, passes, finish_elem=fin, cache=True)
+    r = len(call.inputs[0].shape)
+    return _emit(call, list(range(_axis(call, r, -1), r)), 1)

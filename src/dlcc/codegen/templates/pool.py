@@ -3,15 +3,19 @@
 What goes in: a ``TemplateCall`` whose input 0 is a buffer of shape (N, C, spatial...). What comes out: C
 that computes every output element once and hands it to ``store``.
 
-MaxPool/AveragePool (any spatial rank) accumulate each (n, c) output plane in ``call.scratch`` with the
-windowed loop nest of ``window_nest``: loops (k0, t0, k1, t1, ...) over kernel taps and the output
-positions whose input position is inside the input (ranges precomputed at compile time), so the innermost
-loop is branch-free and contiguous on the output. The output size comes from the output shape, which already
-reflects ceil_mode (a window that would start in the right padding is dropped). AveragePool divides by a
-per-dim count product: in-bounds taps (count_include_pad=0) or taps inside the padded input, excluding the
-ceil_mode overhang (count_include_pad=1, as onnxruntime does).
-Global pools and the LRN channel-window sums accumulate in local partial sums; sums run in a different
-order than onnxruntime (tests use rtol 1e-4 for the averaging ops, DESIGN: reductions).
+2-D MaxPool/AveragePool over a unit-stride plane are the depthwise plane kernel of the loop IR
+(``schedule.dwconv``). The other AveragePools (1-D, 3-D, strided layouts) are the loop IR of
+``schedule.pool.pool_func``: each (n, c) output plane accumulated in ``call.scratch`` by loops (k0, t0, k1,
+t1, ...) over kernel taps and the output positions whose input position is inside the input, so the
+innermost loop is branch-free and contiguous on the output. The output size comes from the output shape,
+which already reflects ceil_mode (a window that would start in the right padding is dropped). AveragePool
+divides by a per-dim count product (``pool_counts``: in-bounds taps for count_include_pad=0, taps inside the
+padded input without the ceil_mode overhang for 1, as onnxruntime does; a count that varies along a dim is
+a compile-time table). GlobalAveragePool is ``schedule.pool.global_pool_func`` (partial sums in one vector).
+The other MaxPools and GlobalMaxPool keep the same loop nests written as C here (``window_nest``): the loop
+IR has no C form of a float maximum yet. LRN is ``schedule.reduce.lrn_func``.
+Sums run in a different order than onnxruntime (tests use rtol 1e-4 for the averaging ops, DESIGN:
+reductions).
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlcc.codegen.cbase import Names, TemplateError, TensorRef, c_float, indent, loops
+from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent, loops
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.conv import _flat_ok, _ints, _table, lin, spatial_pads
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.pool import PoolGeometry, global_pool_func, pool_counts, pool_func, window_range
 
 
 @dataclass
@@ -48,14 +53,8 @@ class WinDim:
 
 def window_dim(T: int, L: int, s: int, d: int, p: int, K: int, *, ostride: int, istride: int) -> WinDim:
     """Output position ``t`` in [0, T) reads the input position ``t*s + k*d - p`` at tap k, when in [0, L)."""
-    lo, hi = [], []
-    for k in range(K):
-        a = -((k * d - p) // s)  # ceil((p - k*d) / s)
-        b = (L - 1 + p - k * d) // s + 1
-        a, b = max(0, a), min(T, b)
-        lo.append(a)
-        hi.append(max(a, b))
-    return WinDim(K, lo, hi, (1, 0, 0), (s, d, -p), ostride, istride)
+    lo, hi = zip(*(window_range(T, L, s, d, p, k) for k in range(K)), strict=True)
+    return WinDim(K, list(lo), list(hi), (1, 0, 0), (s, d, -p), ostride, istride)
 
 
 def window_nest(names: Names, dims: Sequence[WinDim], obases: Sequence[str], ibase: str,
@@ -165,6 +164,13 @@ def pool(call: TemplateCall) -> str:
             expect -= 1  # the last window would start in the right padding: dropped
         if expect != o:
             raise TemplateError(f"{op}: output shape {call.out_shape} inconsistent with the attributes")
+    g = PoolGeometry(tuple(ins), tuple(outs), tuple(ks), tuple(strides), tuple(dils), tuple(pb))
+    counts = pool_counts(g, pe, bool(call.attr("count_include_pad", 0))) if op == "AveragePool" else None
+    if r == 2 and call.pack is not None and xref.strides[-1] == 1 and call.scratch.contiguous:
+        return _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
+    if counts is not None:
+        return _average_pool(call, xref, g, counts)
+    # MaxPool: the loop IR's float max has no C form yet (schedule.pool.pool_func builds it)
     names = call.names
     sref = call.scratch
     dims = [window_dim(o, i, s, d, p, k, ostride=os_, istride=is_)
@@ -172,41 +178,49 @@ def pool(call: TemplateCall) -> str:
                                                   xref.strides[2:], strict=True)]
     decls: list[str] = []
     zeros = ["0"] * r
-    if op == "MaxPool":
-        init, stmt = "(-INFINITY)", lambda o, x: f"{o[0]} = {x} > {o[0]} ? {x} : {o[0]};"
-    else:
-        init, stmt = "0.0f", lambda o, x: f"{o[0]} += {x};"
-        include = int(call.attr("count_include_pad", 0))
-        counts = []
-        for i, o, k, s, d, a, e in zip(ins, outs, ks, strides, dils, pb, pe, strict=True):
-            lo, hi = (0, i) if not include else (-a, i + e)
-            counts.append([sum(1 for j in range(k) if lo <= t * s - a + j * d < hi) for t in range(o)])
-
-    if r == 2 and call.pack is not None and xref.strides[-1] == 1 and sref.contiguous:
-        return _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts if op == "AveragePool" else None)
 
     def body(n: str, c: str) -> str:
-        parts = [_plane_init(call, [n, c], init)]
+        parts = [_plane_init(call, [n, c], "(-INFINITY)")]
         parts.append(window_nest(names, dims, [_ptr(sref, [n, c, *zeros])], _ptr(xref, [n, c, *zeros]),
-                                 lambda kk: "", stmt, decls))
-        if op == "MaxPool":
-            if not call.direct:
-                _, st = loops(outs, names, lambda idx: call.store([n, c, *idx], sref.at([n, c, *idx])), "s")
-                parts.append(st)
-        else:
-            def fin(idx: list[str]) -> str:
-                cnt = [_table(names, decls, cs, i) for cs, i in zip(counts, idx, strict=True)]
-                val = f"{sref.at([n, c, *idx])} / (float)({' * '.join(cnt)})"
-                if call.direct:
-                    return f"{sref.at([n, c, *idx])} = {val};"
-                return call.store([n, c, *idx], val)
-            parts.append(loops(outs, names, fin, "s")[1])
+                                 lambda kk: "", lambda o, x: f"{o[0]} = {x} > {o[0]} ? {x} : {o[0]};", decls))
+        if not call.direct:
+            _, st = loops(outs, names, lambda idx: call.store([n, c, *idx], sref.at([n, c, *idx])), "s")
+            parts.append(st)
         return "\n".join(parts)
 
     code = _nc_loops(call, N, C, body)
     return "\n".join([*decls, code])
 
 
+def _average_pool(call: TemplateCall, xref: TensorRef, g: PoolGeometry, counts: list[list[int]]) -> str:
+    """AveragePool in the loop IR (``schedule.pool.pool_func``): sums in the scratch, divided by the window
+    counts (per dim a constant, or a compile-time table)."""
+    factors: list[Buf | float] = []
+    for cs in counts:
+        if len(set(cs)) == 1:
+            factors.append(float(cs[0]))
+            continue
+        if call.pack is None:
+            raise TemplateError("AveragePool: these window counts need a compile-time table (call.pack)")
+        table = call.packed(np.array(cs, dtype=np.float32))
+        factors.append(Buf(table.ptr, "float32", Layout.strided(table.shape)))
+    sref = call.scratch
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    s = Buf(sref.ptr, "float32", Layout.strided(sref.shape, sref.strides, sref.offset))
+    f = pool_func(g, x, s, factors, not call.direct, name="average_pool", fresh=call.names)
+    _verify_average_once(g, xref.shape, xref.strides, sref.strides,
+                         tuple(c if isinstance(c, float) else None for c in factors), not call.direct)
+    return call.emit(f, call.store)
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_average_once(g: PoolGeometry, shape: tuple[int, ...], x_strides: tuple[int, ...],
+                         s_strides: tuple[int, ...], factors: tuple[float | None, ...], epilogue: bool) -> None:
+    x = Buf("x", "float32", Layout.strided(shape, x_strides))
+    s = Buf("s", "float32", Layout.strided((*shape[:2], *g.outs), s_strides))
+    tables = [c if c is not None else Buf(f"cnt{d}", "float32", Layout.strided((g.outs[d],)))
+              for d, c in enumerate(factors)]
+    verify_func(pool_func(g, x, s, tables, epilogue))
 
 
 def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks: list[int], strides: list[int],
@@ -260,16 +274,24 @@ def global_pool(call: TemplateCall) -> str:
         return ""  # empty output: nothing to compute
     if P == 0:
         raise TemplateError(f"{op}: empty spatial extent")
-    is_max = op == "GlobalMaxPool"
     names = call.names
     ones = ["0"] * len(ins)
+    flat = _flat_ok(xref, 2) and P >= LANES
+    if op == "GlobalAveragePool":  # the loop IR (schedule.pool.global_pool_func)
+        shape, strides = ((N, C, P), (*xref.strides[:2], 1)) if flat else (xref.shape, xref.strides)
+        x = Buf(xref.ptr, "float32", Layout.strided(shape, strides, xref.offset))
+        f = global_pool_func(x, LANES, False, fresh=names)
+        _verify_global_once(shape, strides, LANES)
+        return call.emit(f, lambda idx, v: call.store([*idx, *ones], v))
+
+    # GlobalMaxPool: the loop IR's float max has no C form yet (schedule.pool.global_pool_func builds it)
+    def combine(a: str, x: str) -> str:
+        return f"{a} = {x} > {a} ? {x} : {a};"
 
     def body(n: str, c: str) -> str:
         acc, res = names("acc"), names("r")
-        combine = ((lambda a, x: f"{a} = {x} > {a} ? {x} : {a};") if is_max else (lambda a, x: f"{a} += {x};"))
-        init = "(-INFINITY)" if is_max else "0.0f"
         lines = []
-        if _flat_ok(xref, 2) and P >= LANES:
+        if flat:
             xp, i, j = names("px"), names("p"), names("l")
             full = P // LANES * LANES
             lines += [f"const float* restrict {xp} = {_ptr(xref, [n, c, *ones])};",
@@ -284,17 +306,25 @@ def global_pool(call: TemplateCall) -> str:
             if full < P:
                 lines.append(f"for (int64_t {i} = {full}; {i} < {P}; ++{i}) {combine(res, f'{xp}[{i}]')}")
         else:
-            lines.append(f"float {res} = {init};")
+            lines.append(f"float {res} = (-INFINITY);")
             lines.append(loops(ins, names, lambda idx: combine(res, xref.at([n, c, *idx])), "s")[1])
-        val = res if is_max else f"{res} / {c_float(P)}"
-        lines.append(call.store([n, c, *ones], val))
+        lines.append(call.store([n, c, *ones], res))
         return "\n".join(lines)
 
     return _nc_loops(call, N, C, body)
 
 
+@functools.lru_cache(maxsize=256)
+def _verify_global_once(shape: tuple[int, ...], strides: tuple[int, ...], lanes: int) -> None:
+    verify_func(global_pool_func(Buf("x", "float32", Layout.strided(shape, strides)), lanes, False))
+
+
 @register("LRN", needs_buffers=True)
 def lrn(call: TemplateCall) -> str:
+    """The loop IR of ``dlcc.schedule.reduce.lrn_func``: per image and channel, the window's sum of squares
+    accumulated in the scratch (the output), then the epilogue of every element."""
+    from dlcc.schedule.reduce import lrn_func
+
     if math.prod(call.out_shape) == 0:
         return ""  # empty output: nothing to compute
     xref = _input(call)
@@ -303,33 +333,18 @@ def lrn(call: TemplateCall) -> str:
     size = call.attr("size")
     if size is None or int(size) < 1:
         raise TemplateError("LRN: attribute size (>= 1) is required")
-    size = int(size)
-    alpha = float(call.attr("alpha", 0.0001))
-    beta = float(call.attr("beta", 0.75))
-    bias = float(call.attr("bias", 1.0))
-    N, C, *sp = xref.shape
-    names = call.names
+    args = (int(size), float(call.attr("alpha", 0.0001)), float(call.attr("beta", 0.75)), float(call.attr("bias", 1.0)))
     sref = call.scratch
-    half_lo, half_hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    scale = c_float(alpha / size)
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    s = Buf(sref.ptr, "float32", Layout.strided(sref.shape, sref.strides, sref.offset))
+    f = lrn_func(x, s, *args, fresh=call.names)
+    _verify_lrn_once(xref.shape, xref.strides, sref.strides, args)
+    return call.emit(f, call.store)
 
-    def body(n: str, c: str) -> str:
-        cc = names("cc")
-        lines = [_plane_init(call, [n, c], "0.0f")]
-        lo = f"({c} - {half_lo} > 0 ? {c} - {half_lo} : 0)" if half_lo else c
-        hi = f"({c} + {half_hi} < {C - 1} ? {c} + {half_hi} : {C - 1})" if half_hi else c
 
-        def acc(idx: list[str]) -> str:
-            xv = names("xv")
-            return f"const float {xv} = {xref.at([n, cc, *idx])};\n{sref.at([n, c, *idx])} += {xv} * {xv};"
-        inner = loops(sp, names, acc, "s")[1]
-        lines.append(f"for (int64_t {cc} = {lo}; {cc} <= {hi}; ++{cc}) {{\n{indent(inner)}\n}}")
+@functools.lru_cache(maxsize=256)
+def _verify_lrn_once(shape: tuple[int, ...], x_strides: tuple[int, ...], s_strides: tuple[int, ...], args) -> None:
+    from dlcc.schedule.reduce import lrn_func
 
-        def fin(idx: list[str]) -> str:
-            val = (f"{xref.at([n, c, *idx])} * powf({c_float(bias)} + {scale} * {sref.at([n, c, *idx])}, "
-                   f"{c_float(-beta)})")
-            return call.store([n, c, *idx], val)
-        lines.append(loops(sp, names, fin, "s")[1])
-        return "\n".join(lines)
-
-    return _nc_loops(call, N, C, body)
+    verify_func(lrn_func(Buf("x", "float32", Layout.strided(shape, x_strides)),
+                         Buf("s", "float32", Layout.strided(shape, s_strides)), *args))
