@@ -23,8 +23,10 @@ Beside it, for profilers (``dlcc run --profile``, the bundle's ``model -p``), th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,17 +40,19 @@ from dlcc.codegen.cbase import (
     contiguous_strides,
     ctype,
     indent,
-    loops,
     vector_helpers,
 )
 from dlcc.codegen.cbase import sanitize_comment as _c
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
-from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline, par_for
+from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline
 from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
+from dlcc.lower.lir import Func, print_func, verify_func
 from dlcc.memory.planner import MemoryPlan
+from dlcc.schedule.elementwise import map_func
 from dlcc.schedule.target import Target, get_target
 
 __all__ = ["ALIGN", "CSource", "generate"]
@@ -125,32 +129,30 @@ class _KernelGen:
         return "\n".join(parts)
 
     def step(self, step: Step, gen: ExprGen, names: Names) -> str:
+        """A copy or a loop step as the loop IR of ``schedule.elementwise.map_func`` (the element each index
+        gets: a load of the source, or the expression generator's inlined chain), else a template."""
         if step.kind == "copy":
             dst, src = self.ref(step.copy[0]), self.ref(step.copy[1])
             if dst.shape == src.shape:
-                _, code = loops(dst.shape, names, lambda idx: f"{dst.at(idx)} = {src.at(idx)};")
+                shape, at, put = dst.shape, src.at, dst.at
             else:  # a reshape copied into a graph output: same elements in row-major order
-                _, code = loops((dst.size,), names, lambda idx: f"{dst.flat(idx[0])} = {src.flat(idx[0])};")
-            return f"/* copy */\n{code}"
+                shape, at, put = (dst.size,), (lambda i: src.flat(i[0])), (lambda i: dst.flat(i[0]))
+            f = _map(tuple(shape), dst.dtype, 1, "copy", names)
+            return f"/* copy */\n{_emit_map(f, put, at)}"
         if step.kind == "loop":
             v = step.outputs[0]
             dst = gen.buffers[v]
 
-            def inner(idx):
+            def element(idx):
                 gen.reset()
                 stmts: list[str] = []
-                expr = gen.compute(v, idx, stmts)
-                return "\n".join([*stmts, f"{dst.at(idx)} = {expr};"])
-            lead = next((d for d, n in enumerate(dst.shape) if n > 1), None)
-            if self.threads > 1 and lead is not None and dst.size >= PAR_MIN_ELEMENTS:
-                # the first dim over threads: each iteration writes its own slice of the destination
-                var = names("pi")
-                shape = [1 if d <= lead else n for d, n in enumerate(dst.shape)]
-                _, inner_code = loops(shape, names, lambda idx: inner([*idx[:lead], var, *idx[lead + 1:]]))
-                code = "{\n" + indent(par_for(var, dst.shape[lead], inner_code)) + "\n}"
-            else:
-                _, code = loops(dst.shape, names, inner)
-            return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{code}"
+                expr = gen.compute(v, list(idx), stmts)
+                return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
+
+            par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
+            f = _map(tuple(dst.shape), dst.dtype, par, "loop", names)
+            step.loop_ir = print_func(f)
+            return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(_emit_map(f, dst.at, element))}\n}}"
         return self.template(step, gen, names)
 
     def template(self, step: Step, gen: ExprGen, names: Names) -> str:
@@ -205,6 +207,22 @@ class _KernelGen:
         code = TEMPLATES[node.op_type](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
+
+
+def _emit_map(f: Func, put: Callable[[Sequence[str]], str], element: Callable[[Sequence[str]], str]) -> str:
+    """The C of a ``map_func`` loop nest: element ``idx`` computed by ``element`` and stored by ``put``."""
+    text, _ = print_c(f, {}, lambda idx, val: f"{put(list(idx))} = {val};", inputs={0: element})
+    return text
+
+
+def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Names) -> Func:
+    _verify_map_once(shape, dtype, threads)
+    return map_func(shape, dtype, threads, name, names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _verify_map_once(shape: tuple[int, ...], dtype: str, threads: int) -> None:
+    verify_func(map_func(shape, dtype, threads))
 
 
 class _Weights:

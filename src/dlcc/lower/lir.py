@@ -37,7 +37,8 @@ over its physical dims, so a permutation, strides, channel blocking (NCHWc: the 
 Invariants (``verify_func``): every variable is bound by an enclosing loop; every buffer is a parameter, an
 enclosing allocation or declared workspace; indices are int64 and every access (vector lanes and micro-kernel
 footprints included) stays inside its buffer for every value of the loop variables; stored values have the
-buffer's dtype; calls, casts and opaque inputs are scalars of the dtypes above; the iterations of a parallel loop
+buffer's dtype; calls and casts are scalars of the dtypes above, opaque inputs scalars of those or of the
+other stored element types (int32, int8, uint8, bool); the iterations of a parallel loop
 write disjoint element ranges of every buffer allocated outside it, and hand disjoint boxes of indices to the
 epilogue.
 """
@@ -63,6 +64,7 @@ INT_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&")
 FLOAT_OPS = ("+", "-", "*", "/", "min", "max", "<", "<=", "==", "!=")
 COMPARISONS = ("<", "<=", "==", "!=", "&&")
 DTYPES = ("int64", "float32", "float64")
+STORED = ("int32", "int8", "uint8", "bool")  # further element types of tensors (an opaque input may have them)
 
 # Call(fn, args): the float32 math functions (their C forms are codegen's: dlcc.codegen.vmath where it has them)
 CALLS: dict[str, tuple[int, Callable]] = {
@@ -657,7 +659,7 @@ class _Verifier:
                 self.fail(f"{_pe(e)}: a cast converts a scalar between {', '.join(DTYPES)}")
         elif isinstance(e, In):
             self.index(f"in{e.k}", e.shape, e.index, 1, env)
-            if e.dtype not in DTYPES:
+            if e.dtype not in (*DTYPES, *STORED):
                 self.fail(f"{_pe(e)}: opaque input of dtype {e.dtype}")
         else:
             self.fail(f"unknown expression {e!r}")
