@@ -91,20 +91,27 @@ def direct_pays(g: ConvGeometry) -> bool:
 
 
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DirectPlan:
-    """The register tile: the most accumulators (vectors of output channels x pixels) that fit the
-    register file beside one weight vector per channel vector (and a broadcast register where the FMA
-    cannot take its broadcast from memory, i.e. without AVX-512), 2 or 4 channel vectors (1 when the
-    channels fill only one) and at most 14 pixels; ties go to the longer pixel run."""
+    """The register tile: channel vectors x pixels of the most useful accumulators that fit the register
+    file beside one weight vector per channel vector and the broadcast input (one register; two where the
+    FMA cannot take a broadcast from memory, i.e. without AVX-512): accumulators times the share of them a
+    row (its last tile may be shorter) and the output channels (the last channel tile may run past them)
+    keep busy; 1 to 4 channel vectors (1 only when the channels fill only one) and at most 14 pixels; ties
+    go to the longer pixel run. AVX-512: 2 x 14 (4 x 6 would leave 7-wide rows a 1-pixel tail: 3 x 7)."""
     lanes, regs = target.lanes, target.vector_registers
-    spare = 0 if "avx512f" in target.features else 2
-    best = (0, 0, 0)
+    spare = 1 if "avx512f" in target.features else 2
+    best = (0.0, 0, 0)
     vectors = -(-co // lanes)
-    for nv in (1, 2, 4):
+    for nv in (1, 2, 3, 4):
         if nv > vectors or nv < min(2, vectors):  # one channel vector only when there is only one
             continue
         px = min(g.ow, MAX_PX, (regs - spare - nv) // nv)
-        if px >= 1 and (nv * px, px) > (best[0], best[2]):
-            best = (nv * px, nv, px)
+        if px < 1:
+            continue
+        row = g.ow / (-(-g.ow // px) * px)
+        chans = co / (-(-co // (nv * lanes)) * nv * lanes)
+        score = nv * px * row * chans
+        if (score, px) > (best[0], best[2]):
+            best = (score, nv, px)
     _, nv, px = best
     cbi = min(lanes, g.ci)
     hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
