@@ -84,8 +84,8 @@ def test_direct_micro_kernels_match_their_contracts(target):
         xcb = ((kh - 1) * dh + 1) * xrow + 5
         name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow)
         names.append(("dconv", name, (no, px, cbi, kh, kw, xcb)))
-        src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c) "
-                                         f"{{ dlcc_uk_{name}(ncb, x, w, c); }}\n")
+        src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
+                                         f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")
     for geo in packs:
         name = nchwc_micro(*geo)
         names.append(("nchwc", name, geo))
@@ -101,11 +101,12 @@ def test_direct_micro_kernels_match_their_contracts(target):
                 ncb = 2
                 x = rng.standard_normal(ncb * xcb).astype(np.float32)
                 w = rng.standard_normal(ncb * kh * kw * cbi * no).astype(np.float32)
-                want = np.full(px * no + 3, 7.0, np.float32)
-                MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, {"ncb": ncb})
-                got = np.full(px * no + 3, 7.0, np.float32)
-                fn.argtypes = [i64, ptr, ptr, ptr]
-                fn(ncb, x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr))
+                ldc = px + 2
+                want = np.full(ldc * no + 3, 7.0, np.float32)
+                MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, {"ncb": ncb, "ldc": ldc})
+                got = np.full(ldc * no + 3, 7.0, np.float32)
+                fn.argtypes = [i64, ptr, ptr, ptr, i64]
+                fn(ncb, x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc)
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
             else:
                 cbi, h, w_, ph, pw, hp, wp = geo

@@ -258,9 +258,9 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     lines.append(f"float t[{px * no}];")
     lines += [f"dlcc_vf_store(t + {p * no + j * lanes}, {acc[j][p]});" for p in range(px) for j in range(nv)]
     lines.append(f"for (int64_t o = 0; o < {no}; ++o)\n"
-                 f"    for (int64_t p = 0; p < {px}; ++p) c[o * {px} + p] = t[p * {no} + o];")
+                 f"    for (int64_t p = 0; p < {px}; ++p) c[o * ldc + p] = t[p * {no} + o];")
     return (f"static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
-            f"float* restrict c) {{\n{indent(chr(10).join(lines))}\n}}\n")
+            f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
 def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:

@@ -58,6 +58,10 @@ C_TEXT = r"""
 #define DLCC_VM_FN static inline __attribute__((always_inline))
 DLCC_VM_FN uint32_t dlcc_vm_f2u(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 DLCC_VM_FN float dlcc_vm_u2f(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+/* c ? a : b as a select of bits (a branch where a loop stays scalar is mispredicted on mixed signs) */
+DLCC_VM_FN float dlcc_vm_sel(int c, float a, float b) {
+    uint32_t m = -(uint32_t)c; return dlcc_vm_u2f((dlcc_vm_f2u(a) & m) | (dlcc_vm_f2u(b) & ~m));
+}
 /* exp(x) = 2^n (hi + lo) for x in [-104, 89]; hi = 1 + r rounded, lo the rest */
 DLCC_VM_FN float dlcc_vm_exp_core(float x, float* lo, int32_t* n) {
     float t = x * 0x1.715476p+0f + 0x1.8p23f;  /* round(x / ln2) in the low mantissa bits of t */
@@ -74,8 +78,8 @@ DLCC_VM_FN float dlcc_vm_exp_core(float x, float* lo, int32_t* n) {
     return hi;
 }
 DLCC_VM_FN float dlcc_expf(float x) {
-    float xc = x > 89.0f ? 89.0f : x;          /* NaN passes both clamps */
-    xc = xc < -104.0f ? -104.0f : xc;
+    float xc = dlcc_vm_sel(x > 89.0f, 89.0f, x);  /* NaN passes both clamps */
+    xc = dlcc_vm_sel(xc < -104.0f, -104.0f, xc);
     float lo; int32_t n;
     float hi = dlcc_vm_exp_core(xc, &lo, &n);
     int32_t n1 = n >> 1, n2 = n - n1;          /* 2^n in two normal factors: inf and subnormals */
@@ -92,14 +96,14 @@ DLCC_VM_FN float dlcc_vm_exp_hl(float x, float* lo) {
     return h * s1 * s2;
 }
 DLCC_VM_FN float dlcc_expm1f(float x) {
-    float xc = x > 89.0f ? 89.0f : x;
-    xc = xc < -30.0f ? -30.0f : xc;            /* expm1 rounds to -1 below -17.4 */
+    float xc = dlcc_vm_sel(x > 89.0f, 89.0f, x);
+    xc = dlcc_vm_sel(xc < -30.0f, -30.0f, xc);            /* expm1 rounds to -1 below -17.4 */
     float lo; int32_t n;
     float hi = dlcc_vm_exp_core(xc, &lo, &n);
     float h = dlcc_vm_u2f((uint32_t)(n + 126) << 23);  /* 2^(n-1): finite up to n = 128 */
     float a = h * hi, b = h * lo;              /* exact */
-    float y = 2.0f * (n > 1 ? a + (b - 0.5f) : (a - 0.5f) + b);  /* the exact subtraction first */
-    return __builtin_fabsf(x) < 0x1p-25f ? x : y;  /* expm1(x) rounds to x: keeps -0 and subnormals */
+    float y = 2.0f * dlcc_vm_sel(n > 1, a + (b - 0.5f), (a - 0.5f) + b);  /* the exact subtraction first */
+    return dlcc_vm_sel(__builtin_fabsf(x) < 0x1p-25f, x, y);  /* expm1(x) rounds to x: keeps -0 and subnormals */
 }
 /* log(w + c) for the bits iw of a normal w > 0 (times 2^-kadj) and |c| <= ulp(w) / 2 (0 unless withc) */
 DLCC_VM_FN float dlcc_vm_log_core(uint32_t iw, int32_t kadj, float c, int withc) {
@@ -114,25 +118,25 @@ DLCC_VM_FN float dlcc_vm_log_core(uint32_t iw, int32_t kadj, float c, int withc)
     float small = (f * f) * q + kf * 0x1.7f7d1cp-20f;
     int32_t ks = k > 126 ? 126 : k;
     float cm = c * dlcc_vm_u2f((uint32_t)(127 - ks) << 23);  /* c / 2^k; c / m = cm (1 - f) to first order */
-    small = withc ? small + (cm - cm * f) : small;
+    small = dlcc_vm_sel(withc, small + (cm - cm * f), small);
     float kh = kf * 0x1.62e4p-1f;              /* exact */
     float s = kh + f;
     return s + (((kh - s) + f) + small);       /* Fast2Sum: |kh| >= |f| or kh = 0 */
 }
 DLCC_VM_FN float dlcc_vm_log_special(float w, float y) {
-    float special = w == 0.0f ? -INFINITY : (w < 0.0f ? NAN : w);  /* -inf, NaN, +inf, NaN */
-    return (w > 0.0f && w < INFINITY) ? y : special;
+    float special = dlcc_vm_sel(w == 0.0f, -INFINITY, dlcc_vm_sel(w < 0.0f, NAN, w));  /* -inf, NaN, +inf, NaN */
+    return dlcc_vm_sel((w > 0.0f) & (w < INFINITY), y, special);
 }
 DLCC_VM_FN float dlcc_logf(float x) {
     int sub = x < 0x1p-126f;                   /* subnormals scaled by 2^23 */
-    float y = dlcc_vm_log_core(dlcc_vm_f2u(sub ? x * 0x1p23f : x), sub ? -23 : 0, 0.0f, 0);
+    float y = dlcc_vm_log_core(dlcc_vm_f2u(dlcc_vm_sel(sub, x * 0x1p23f, x)), sub ? -23 : 0, 0.0f, 0);
     return dlcc_vm_log_special(x, y);
 }
 DLCC_VM_FN float dlcc_log1pf(float x) {
     float w = 1.0f + x;
     float c = x - (w - 1.0f);                  /* 1 + x = w + c exactly (w >= 2^-24 when x > -1) */
     float y = dlcc_vm_log_core(dlcc_vm_f2u(w), 0, c, 1);
-    return x == 0.0f ? x : dlcc_vm_log_special(w, y);  /* log1p(-0) = -0 */
+    return dlcc_vm_sel(x == 0.0f, x, dlcc_vm_log_special(w, y));  /* log1p(-0) = -0 */
 }
 DLCC_VM_FN float dlcc_erff(float x) {
     /* |x| < 0.921875: erf(x) = x + x p(x^2), approximation error 0.015 ulp */
@@ -141,11 +145,11 @@ DLCC_VM_FN float dlcc_erff(float x) {
                   + t * (0x1.544954p-8f + t * (-0x1.a5fe4ap-11f + t * 0x1.4f2db8p-14f))))));
     /* above: erf(|x|) = 1 - exp(q(|x|)), q a fit of log(erfc) on [0.921875, 4]: 0.0007 ulp of erf */
     float a = __builtin_fabsf(x);
-    float ac = a > 4.0f ? 4.0f : a;            /* NaN passes */
+    float ac = dlcc_vm_sel(a > 4.0f, 4.0f, a);            /* NaN passes */
     float q = 0x1.71ce34p-13f + ac * (-0x1.21286cp+0f + ac * (-0x1.4443dap-1f + ac * (-0x1.bb97a8p-4f
               + ac * (0x1.9bc2d4p-6f + ac * (-0x1.11ac4cp-8f + ac * (0x1.c8a568p-12f + ac * -0x1.6373aep-16f))))));
     float large = __builtin_copysignf(1.0f - dlcc_expf(q), x);
-    return a < 0.921875f ? small : large;
+    return dlcc_vm_sel(a < 0.921875f, small, large);
 }
 DLCC_VM_FN float dlcc_tanhf(float x) {
     /* |x| < 0.625: tanh(x) = x + x^3 p(x^2), p < 0 (so |tanh(x)| <= |x|), p(0) = -1/3 rounded (tiny x round
@@ -155,21 +159,21 @@ DLCC_VM_FN float dlcc_tanhf(float x) {
                   + t * (0x1.647p-6f + t * (-0x1.0fe164p-7f + t * 0x1.25dd8p-9f))))));
     /* above: 1 - 2 / (1 + E), E = exp(2|x|) = eh + el >= 1, 1 + E = d + dl */
     float a = __builtin_fabsf(x);
-    float ac = a > 9.5f ? 9.5f : a;            /* NaN passes */
+    float ac = dlcc_vm_sel(a > 9.5f, 9.5f, a);            /* NaN passes */
     float el, eh = dlcc_vm_exp_hl(2.0f * ac, &el);
     float d = eh + 1.0f, dl = ((eh - d) + 1.0f) + el;
     float u = 2.0f / d;
     u = u - (u * dl) * (0.5f * u);             /* 2 / (d + dl) to first order */
-    return __builtin_copysignf(a < 0.625f ? small : 1.0f - u, x);  /* small keeps the sign, but of -0 */
+    return __builtin_copysignf(dlcc_vm_sel(a < 0.625f, small, 1.0f - u), x);  /* small keeps the sign, but of -0 */
 }
 DLCC_VM_FN float dlcc_sigmoidf(float x) {
     float m = -__builtin_fabsf(x);
-    m = m < -104.0f ? -104.0f : m;             /* NaN passes */
+    m = dlcc_vm_sel(m < -104.0f, -104.0f, m);             /* NaN passes */
     float el, eh = dlcc_vm_exp_hl(m, &el);     /* e = exp(-|x|) = eh + el <= 1, 1 + e = d + dl */
     float d = 1.0f + eh, dl = ((1.0f - d) + eh) + el;
     int pos = x >= 0.0f;
-    float num = pos ? 1.0f : eh, numl = pos ? 0.0f : el;
+    float num = dlcc_vm_sel(pos, 1.0f, eh), numl = dlcc_vm_sel(pos, 0.0f, el);
     float y = num / d;                         /* 1 / d is y for x >= 0 and 1 - y for x < 0 */
-    return y + (numl - y * dl) * (pos ? y : 1.0f - y);
+    return y + (numl - y * dl) * dlcc_vm_sel(pos, y, 1.0f - y);
 }
 """

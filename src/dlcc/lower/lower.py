@@ -7,9 +7,10 @@ Algorithm, per group (in the plan's topological order):
 1. Decide which values of the group are *materialized* (get a buffer): the group's outputs, the inputs of
    templates that address raw buffers (Conv, MatMul, pools: ``needs_buffers``), and the results of
    templates. Every other value is *inlined*: computed inside the loop nest of its consumer.
-2. Epilogues: a template's result followed, in the group, by a single-use chain of elementwise ops of the
-   same shape (bias Add, folded BN Mul/Add, Relu, residual Add, ...) is not materialized; the template
-   step stores the end of the chain instead (the template hands each finished element to the epilogue).
+2. Epilogues: a template's result followed, in the group, by a chain of elementwise ops of the same shape
+   (bias Add, folded BN Mul/Add, Relu, residual Add, ...) is not materialized; the template step stores the
+   end of the chain instead (the template hands each finished element to the epilogue). A link is a value's
+   single use, or several uses that meet again in one value through such ops (SiLU: x * sigmoid(x)).
 3. Memory forwarding: a materialized output of Reshape/Flatten/Squeeze/Unsqueeze/Identity/Dropout is a
    view of its input's buffer (the input is materialized instead) — no copy, no step. Graph outputs are
    never views of temporaries: they get a copy step so the caller's output array holds the data.
@@ -137,22 +138,48 @@ class _Lowering:
                 if op_key(n) in RESHAPE_LIKE and n.outputs[0] in need and n.inputs[0] not in need:
                     need.add(n.inputs[0])
                     changed = True
-        epilogue_end: dict[ir.Node, ir.Value] = {}
+        def fits(c: ir.Node, shape) -> bool:
+            return _elementwise(c) and len(c.outputs) == 1 and value_shape(c.outputs[0]) == shape
+
+        def region_from(cur: ir.Value, anchor: ir.Node) -> list[ir.Node] | None:
+            """The elementwise nodes (group order) through which the several uses of ``cur`` meet again in
+            one value (SiLU: x * sigmoid(x)), each reading only values of the region and values computed
+            before ``anchor``; None when they do not meet before leaving the group or the shape."""
+            live, region, shape = {cur}, [], value_shape(cur)
+            for c in nodes[order[cur.producer()] + 1:]:
+                ins = [v for v in c.inputs if v is not None]
+                if not any(v in live for v in ins):
+                    continue
+                if not fits(c, shape) or any(v not in live and v.producer() in members
+                                             and order[v.producer()] >= order[anchor] for v in ins):
+                    return None
+                region.append(c)
+                live.add(c.outputs[0])
+                read = {v for r in region for v in r.inputs}
+                live = {v for v in live if not (v in read and all(u.node in region for u in v.uses()))}
+                if len(live) == 1:
+                    return region
+                if any(v in need or any(u.node not in members for u in v.uses()) for v in live):
+                    return None
+            return None
+
+        epilogue: dict[ir.Node, list[ir.Node]] = {}  # a template's epilogue nodes, in group order
         for n in nodes:
             if not _is_template(n):
                 continue
-            cur = n.outputs[0]
-            shape = value_shape(cur)
+            cur, shape, chain = n.outputs[0], value_shape(n.outputs[0]), []
             while cur not in need:
                 users = uses_in(cur)
-                if len(users) != 1 or len(cur.uses()) != 1:
+                if len(users) == 1 and len(cur.uses()) == 1 and fits(users[0], shape):
+                    chain.append(users[0])
+                elif len(cur.uses()) > 1 and (region := region_from(cur, n)) is not None:
+                    chain += region
+                else:
                     break
-                c = users[0]
-                if not _elementwise(c) or len(c.outputs) != 1 or value_shape(c.outputs[0]) != shape:
-                    break
-                cur = c.outputs[0]
+                cur = chain[-1].outputs[0]
             need.add(cur)
-            epilogue_end[n] = cur
+            epilogue[n] = chain
+        epilogue_end = {n: chain[-1].outputs[0] if chain else n.outputs[0] for n, chain in epilogue.items()}
         chain_ends = {end for a, end in epilogue_end.items() if end is not a.outputs[0]}
 
         steps: list[tuple[int, Step]] = []
@@ -161,12 +188,7 @@ class _Lowering:
             key = op_key(n)
             if _is_template(n):
                 end = epilogue_end[n]
-                chain = [n]
-                cur = n.outputs[0]
-                while cur is not end:
-                    cur = uses_in(cur)[0].outputs[0]
-                    chain.append(cur.producer())
-                steps.append((order[end.producer()], Step("template", [end], n, chain)))
+                steps.append((order[end.producer()], Step("template", [end], n, [n, *epilogue[n]])))
                 continue
             if key in RESHAPE_LIKE and n.outputs[0] in need:
                 y, x = n.outputs[0], n.inputs[0]

@@ -11,9 +11,9 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
         pixels as rows and output channels as columns, stored channel-major).
 
-    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}(ncb, x, w, c)
+    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}(ncb, x, w, c, ldc)
         one register tile of a direct convolution over a channel-blocked input (``nchwc_``'s layout):
-        c[o*px + p] = sum_{b < ncb, ky, kx, i < cbi} w[(((b*kh + ky)*kw + kx)*cbi + i)*no + o]
+        c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[(((b*kh + ky)*kw + kx)*cbi + i)*no + o]
                                                     * x[b*xcb + ky*dh*xrow + (p*sw + kx*dw)*cbi + i]
         for o < no, p < px: ``no`` output channels (whole vectors) by ``px`` output pixels of a row, stored
         channel-major (each channel's pixels contiguous, as the output plane holds them).
@@ -162,7 +162,7 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
         span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
-        return {"x": (1, 0, span), "w": (1, 0, ncb * taps * cbi * no), "c": (no, px, px)}
+        return {"x": (1, 0, span), "w": (1, 0, ncb * taps * cbi * no), "c": (no, s["ldc"], px)}
 
     def reference(arrays, offsets, s) -> None:
         ncb = s["ncb"]
@@ -175,11 +175,13 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
                     for p in range(px):
                         at = xo + b * xcb + ky * dh * xrow + (p * sw + kx * dw) * cbi
                         acc[p] += x[at:at + cbi].astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
-        arrays["c"][offsets["c"]:offsets["c"] + px * no] = acc.T.ravel()
+        c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
+        for o in range(no):
+            c[co + o * ldc:co + o * ldc + px] = acc[:, o]
 
     MICRO[name] = MicroKernel(
-        name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out")),
-        f"c[o*{px} + p] = sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * x[b*{xcb} + ky*{dh * xrow} "
+        name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
+        f"c[o*ldc + p] = sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * x[b*{xcb} + ky*{dh * xrow} "
         f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}", footprint, reference)
     return name
 

@@ -11,8 +11,8 @@ vector width; all the channels when there are fewer) with a zero ring as wide as
 ``no`` output channels (whole vectors, the weights of one input channel and tap loaded once) by ``px``
 pixels of an output row (each input value broadcast once, feeding no / lanes FMAs): on AVX-512 2 x 16
 channels by 14 pixels (28 accumulators), 4 x 16 by 7 for 7-wide rows; on 16-register targets 2 vectors by
-6 pixels. Each tile runs over every input channel block and tap into a local tile, and the fused epilogue
-takes its no x px outputs from there. Output rows are the outer loop while the packed weight stays in L2,
+6 pixels. Each tile runs over every input channel block and tap into a local row of outputs (channel-major),
+and the fused epilogue runs along that row (vectorized). Output rows are the outer loop while the packed weight stays in L2,
 else output-channel tiles; threads split the input blocks (the repacking), then that outer loop.
 """
 
@@ -163,25 +163,26 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     c0, c1 = _part(tv1, ncb, T)
     phase1: Stmt = For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack,)),))
 
-    # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles, each
-    # then its epilogue on the outputs in the local tile
+    # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
+    # local row of outputs, then the epilogue along it (a loop as long as the row: it vectorizes)
+    acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, g.ow)), "stack")
+
     def tile(x0: Expr, px: int) -> Stmt:
-        at = oy * g.ow + x0
         xoff = b * block + (oy * g.sh) * (p.wp * cbi) + x0 * (g.sw * cbi)
         uk = dconv_micro(p.no, px, cbi, g.kh, g.kw, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi)
-        acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, px)), "stack")
-        return Alloc(acc, (Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(0))),
-                                      Ptr(acc, (Const(0), Const(0))))),
-                           For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
-                               For(q, Const(0), Const(px), (Epilogue((b, oct * p.no + o, simplify(at + q)),
-                                                                     Load(acc, (o, q))),), "vectorized"),))))
+        return Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(0))),
+                          Ptr(acc, (Const(0), simplify(x0))), Const(g.ow)))
 
     full, tail = divmod(g.ow, p.px)
-    row: tuple[Stmt, ...] = ()
+    tiles: tuple[Stmt, ...] = ()
     if full:
-        row += (For(xt, Const(0), Const(full), (tile(xt * p.px, p.px),)),)
+        tiles += (For(xt, Const(0), Const(full), (tile(xt * p.px, p.px),)),)
     if tail:
-        row += (tile(Const(full * p.px), tail),)
+        tiles += (tile(Const(full * p.px), tail),)
+    epilogue = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
+        For(q, Const(0), Const(g.ow), (Epilogue((b, oct * p.no + o, oy * g.ow + q), Load(acc, (o, q))),),
+            "vectorized"),))
+    row: tuple[Stmt, ...] = (Alloc(acc, (*tiles, epilogue)),)
     if p.order == "rows":
         r0, r1 = _part(tv2, g.oh, T)
         nest = For(oy, r0, r1, (For(oct, Const(0), Const(p.n_oct), row),))
