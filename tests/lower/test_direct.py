@@ -68,7 +68,7 @@ def test_direct_plan_tiles_and_order():
     assert (plan_direct(64, g56, 1, v3).no, plan_direct(64, g56, 1, v3).px) == (16, 6)  # 12 of 16 registers
     g7 = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)
     p = plan_direct(512, g7, 1, v4, 2)
-    assert (p.no, p.px, p.order, p.threads) == (48, 7, "oc", 2)  # 9.4 MB of weights: channel tiles outside
+    assert (p.no, p.px, p.order, p.threads) == (48, 7, "plane", 2)  # channel tiles outside, each a 7x7 plane
 
 
 @pytest.mark.parametrize("target", runnable_targets())

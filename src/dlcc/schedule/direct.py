@@ -12,7 +12,8 @@ vector width; all the channels when there are fewer) with a zero ring as wide as
 pixels of an output row (each input value broadcast once, feeding no / lanes FMAs): on AVX-512 2 x 16
 channels by 14 pixels (28 accumulators), 4 x 16 by 7 for 7-wide rows; on 16-register targets 2 vectors by
 6 pixels. Each tile runs over every input channel block and tap into a local row of outputs (channel-major),
-and the fused epilogue runs along that row (vectorized). Output rows are the outer loop while the packed weight stays in L2,
+and the fused epilogue runs along that row (vectorized); for small planes (a channel tile's plane up to 48 KiB)
+along the tile's whole plane. Output rows are the outer loop while the packed weight stays in L2,
 else output-channel tiles; threads split the input blocks (the repacking), then that outer loop.
 """
 
@@ -47,6 +48,7 @@ from dlcc.schedule.target import Target
 __all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
+PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
 PAR_MIN_FLOPS = 2e6  # below this much work one thread (a dispatch costs a few microseconds)
 
 
@@ -61,7 +63,8 @@ class DirectPlan:
     hp: int  # rows and columns of a repacked input block (the zero ring included)
     wp: int
     threads: int
-    order: str  # "rows" | "oc": the outer loop of the compute phase (the one the threads divide)
+    order: str  # "rows" | "oc" | "plane": the outer loop of the compute phase (the one the threads divide);
+    # "plane": output-channel tiles outside, each tile's whole output plane in the local buffer, then the epilogue
 
     @property
     def ncb(self) -> int:
@@ -125,9 +128,11 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     # during the first row, with 1/OH of the work to hide it)
     weight_bytes = 4 * n_oct * no * -(-g.ci // cbi) * cbi * g.kh * g.kw
     order = "rows" if weight_bytes <= target.l2_bytes // 2 else "oc"
-    extent = {"rows": g.oh, "oc": n_oct}
+    if 4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t:
+        order = "plane"  # a small plane: channel tiles outside, the whole plane of a tile before its epilogue
+    extent = {"rows": g.oh, "oc": n_oct, "plane": n_oct}
     if extent[order] < t or extent[order] % t and extent[order] < 8 * t:
-        other = "oc" if order == "rows" else "rows"
+        other = "rows" if order != "rows" else "oc"
         if extent[other] >= t and (extent[other] % t == 0 or extent[other] >= 8 * t):
             order = other
     if extent[order] < t:
@@ -164,14 +169,17 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     phase1: Stmt = For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack,)),))
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
-    # local row of outputs, then the epilogue along it (a loop as long as the row: it vectorizes)
-    acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, g.ow)), "stack")
+    # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
+    # as long as the row or the plane: it vectorizes)
+    span = g.oh * g.ow if p.order == "plane" else g.ow
+    acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span)), "stack")
+    at0 = oy * g.ow if p.order == "plane" else Const(0)
 
     def tile(x0: Expr, px: int) -> Stmt:
         xoff = b * block + (oy * g.sh) * (p.wp * cbi) + x0 * (g.sw * cbi)
         uk = dconv_micro(p.no, px, cbi, g.kh, g.kw, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi)
         return Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(0))),
-                          Ptr(acc, (Const(0), simplify(x0))), Const(g.ow)))
+                          Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span)))
 
     full, tail = divmod(g.ow, p.px)
     tiles: tuple[Stmt, ...] = ()
@@ -179,16 +187,19 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         tiles += (For(xt, Const(0), Const(full), (tile(xt * p.px, p.px),)),)
     if tail:
         tiles += (tile(Const(full * p.px), tail),)
+    base = Const(0) if p.order == "plane" else oy * g.ow
     epilogue = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
-        For(q, Const(0), Const(g.ow), (Epilogue((b, oct * p.no + o, oy * g.ow + q), Load(acc, (o, q))),),
+        For(q, Const(0), Const(span), (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
             "vectorized"),))
-    row: tuple[Stmt, ...] = (Alloc(acc, (*tiles, epilogue)),)
     if p.order == "rows":
         r0, r1 = _part(tv2, g.oh, T)
-        nest = For(oy, r0, r1, (For(oct, Const(0), Const(p.n_oct), row),))
+        nest = For(oy, r0, r1, (For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*tiles, epilogue)),)),))
+    elif p.order == "oc":
+        o0, o1 = _part(tv2, p.n_oct, T)
+        nest = For(oct, o0, o1, (For(oy, Const(0), Const(g.oh), (Alloc(acc, (*tiles, epilogue)),)),))
     else:
         o0, o1 = _part(tv2, p.n_oct, T)
-        nest = For(oct, o0, o1, (For(oy, Const(0), Const(g.oh), row),))
+        nest = For(oct, o0, o1, (Alloc(acc, (For(oy, Const(0), Const(g.oh), tiles), epilogue)),))
     phase2: Stmt = For(b, Const(0), Const(p.batch), (nest,))
     if T > 1:
         body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
