@@ -12,7 +12,7 @@ from test_lir import PRELUDE, _build, _conv_ref
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
 from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
-from dlcc.lower.micro import dconv_micro, nchwc_micro
+from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.direct import direct_func, pack_direct, plan_direct
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import get_target
@@ -101,13 +101,15 @@ def test_direct_micro_kernels_match_their_contracts(target):
                 ncb = 2
                 x = rng.standard_normal(ncb * xcb).astype(np.float32)
                 w = rng.standard_normal(ncb * kh * kw * cbi * no).astype(np.float32)
-                ldc = px + 2
-                want = np.full(ldc * no + 3, 7.0, np.float32)
+                ldc = px + DCONV_PAD + 2
+                want = np.full(ldc * no, 7.0, np.float32)
                 MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, {"ncb": ncb, "ldc": ldc})
-                got = np.full(ldc * no + 3, 7.0, np.float32)
+                got = np.full(ldc * no, 7.0, np.float32)
                 fn.argtypes = [i64, ptr, ptr, ptr, i64]
                 fn(ncb, x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc)
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+                got, want = got.reshape(no, ldc), want.reshape(no, ldc)
+                np.testing.assert_allclose(got[:, :px], want[:, :px], rtol=1e-5, atol=1e-4)
+                assert (got[:, px + DCONV_PAD:] == 7.0).all()  # beyond the pad: untouched
             else:
                 cbi, h, w_, ph, pw, hp, wp = geo
                 xc, xh = h * (w_ + 2) + 1, w_ + 2

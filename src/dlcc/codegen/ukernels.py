@@ -258,7 +258,7 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
-    transposed into ``c`` (channel-major) through a local tile. Without dilation
+    transposed in registers (``_transpose_store``) into ``c``, channel-major. Without dilation
     along the row, a kernel row's taps and channels are one run of kw*cbi consecutive inputs per pixel."""
     if no % lanes:
         raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
@@ -280,12 +280,31 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
                 f"        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow} + kx * {dw * cbi};\n"
                 f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
     lines.append(f"for (int64_t b = 0; b < ncb; ++b)\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n{indent(taps)}")
-    lines.append(f"float t[{px * no}];")
-    lines += [f"dlcc_vf_store(t + {p * no + j * lanes}, {acc[j][p]});" for p in range(px) for j in range(nv)]
-    lines.append(f"for (int64_t o = 0; o < {no}; ++o)\n"
-                 f"    for (int64_t p = 0; p < {px}; ++p) c[o * ldc + p] = t[p * {no} + o];")
+    for j in range(nv):
+        for pb in range(0, px, lanes):
+            rows = [acc[j][pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
+            lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}")) + "\n}")
     return (f"static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
             f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
+
+
+def _transpose_store(rows: list[str], lanes: int, dest: str) -> str:
+    """Store the transpose of the lanes x lanes block whose rows are the vectors ``rows``: row l of the
+    transpose (lane l of every input row) as one vector at ``dest + l * ldc``. log2(lanes) rounds of
+    two-source shuffles, each swapping the off-diagonal sub-blocks of every 2h x 2h block (h = lanes/2 ... 1)."""
+    out = [f"dlcc_vf r{i} = {v};" for i, v in enumerate(rows)]
+    h = lanes // 2
+    while h:
+        for i in range(lanes):
+            if i & h:
+                continue
+            lo = [pos if not pos & h else lanes + pos - h for pos in range(lanes)]
+            hi = [pos + h if not pos & h else lanes + pos for pos in range(lanes)]
+            out.append(f"{{ const dlcc_vf u = __builtin_shufflevector(r{i}, r{i + h}, {', '.join(map(str, lo))}); "
+                       f"r{i + h} = __builtin_shufflevector(r{i}, r{i + h}, {', '.join(map(str, hi))}); r{i} = u; }}")
+        h //= 2
+    out += [f"dlcc_vf_store({dest} + {i} * ldc, r{i});" for i in range(lanes)]
+    return "\n".join(out)
 
 
 def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:

@@ -16,7 +16,9 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[(((b*kh + ky)*kw + kx)*cbi + i)*no + o]
                                                     * x[b*xcb + ky*dh*xrow + (p*sw + kx*dw)*cbi + i]
         for o < no, p < px: ``no`` output channels (whole vectors) by ``px`` output pixels of a row, stored
-        channel-major (each channel's pixels contiguous, as the output plane holds them).
+        channel-major (each channel's pixels contiguous, as the output plane holds them); the elements
+        c[o*ldc + p] for px <= p < px + 16 may be overwritten (the tile is stored as whole vectors), so
+        ldc >= px + 16.
 
     nchwc_{cbi}_{h}_{w}_{ph}_{pw}_{hp}_{wp}(x, xc, xh, nci, ws)
         one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
@@ -30,7 +32,7 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["dconv_micro", "dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
+__all__ = ["DCONV_PAD", "dconv_micro", "dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -150,6 +152,9 @@ def dwconv_micro(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw
     return name
 
 
+DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a whole vector of the widest target)
+
+
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring)."""
@@ -162,7 +167,7 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
         span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
-        return {"x": (1, 0, span), "w": (1, 0, ncb * taps * cbi * no), "c": (no, s["ldc"], px)}
+        return {"x": (1, 0, span), "w": (1, 0, ncb * taps * cbi * no), "c": (no, s["ldc"], px + DCONV_PAD)}
 
     def reference(arrays, offsets, s) -> None:
         ncb = s["ncb"]

@@ -41,7 +41,7 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import dconv_micro, nchwc_micro
+from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import Target
 
@@ -172,14 +172,14 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
     # as long as the row or the plane: it vectorizes)
     span = g.oh * g.ow if p.order == "plane" else g.ow
-    acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span)), "stack")
+    acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span + DCONV_PAD)), "stack")  # (tiles store vectors)
     at0 = oy * g.ow if p.order == "plane" else Const(0)
 
     def tile(x0: Expr, px: int) -> Stmt:
         xoff = b * block + (oy * g.sh) * (p.wp * cbi) + x0 * (g.sw * cbi)
         uk = dconv_micro(p.no, px, cbi, g.kh, g.kw, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi)
         return Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(0))),
-                          Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span)))
+                          Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span + DCONV_PAD)))
 
     full, tail = divmod(g.ow, p.px)
     tiles: tuple[Stmt, ...] = ()
