@@ -84,13 +84,12 @@ class DirectPlan:
 
 
 def direct_pays(g: ConvGeometry) -> bool:
-    """Does this group-1 2-D convolution take the blocked direct kernel? Every one with more than one tap,
-    and 1x1 ones with output rows of at most 16 pixels (14x14 and 7x7 planes, where a GEMM over the pixels
-    runs part-empty register tiles: 61-66% of the FMA peak on ResNet-50's, 70-89% here). Larger 1x1 ones
-    are GEMMs over the pixels (``schedule.gemm``): their repacked input would not stay in L2, and their
-    short reductions (64 channels) leave the tile's transposed epilogue too large a share (Zen 5,
-    AVX-512: 40% against 84% at 56x56, 64 -> 256 channels)."""
-    return g.kh * g.kw > 1 or g.ow <= 16
+    """Does this group-1 2-D convolution take the blocked direct kernel? Every one with more than one tap;
+    1x1 ones too, except reductions over fewer than 128 channels on planes wider than 16 pixels, which stay
+    GEMMs over the pixels (``schedule.gemm``): there the repacking and the tile's transpose are a large share
+    (Zen 5, AVX-512, ResNet-50: 64 -> 256 channels at 56x56 90% of the FMA peak as a GEMM, 74% direct; 512 ->
+    128 at 28x28 82% -> 91%, 256 -> 512 strided 74% -> 87%)."""
+    return g.kh * g.kw > 1 or g.ow <= 16 or g.ci >= 128
 
 
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DirectPlan:
