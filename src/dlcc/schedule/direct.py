@@ -83,13 +83,14 @@ class DirectPlan:
         return 4 * self.workspace_floats
 
 
-def direct_pays(g: ConvGeometry) -> bool:
-    """Does this group-1 2-D convolution take the blocked direct kernel? Every one with more than one tap;
-    1x1 ones too, except reductions over fewer than 128 channels on planes wider than 16 pixels, which stay
-    GEMMs over the pixels (``schedule.gemm``): there the repacking and the tile's transpose are a large share
-    (Zen 5, AVX-512, ResNet-50: 64 -> 256 channels at 56x56 90% of the FMA peak as a GEMM, 74% direct; 512 ->
-    128 at 28x28 82% -> 91%, 256 -> 512 strided 74% -> 87%)."""
-    return g.kh * g.kw > 1 or g.ow <= 16 or g.ci >= 128
+def direct_pays(g: ConvGeometry, co: int) -> bool:
+    """Does this group-1 2-D convolution (``co`` output channels) take the blocked direct kernel? Every one
+    with more than one tap; 1x1 ones too, except on planes wider than 16 pixels reductions over fewer than
+    128 channels or to fewer than 64, which stay GEMMs over the pixels (``schedule.gemm``): there the
+    repacking and the tile's transpose are a large share, or the channel tile runs part empty (Zen 5,
+    AVX-512: ResNet-50's 64 -> 256 channels at 56x56 90% of the FMA peak as a GEMM, 74% direct; MobileNetV2's
+    144 -> 24 73% -> 54%; but 512 -> 128 at 28x28 82% -> 91%, 256 -> 512 strided 74% -> 87%)."""
+    return g.kh * g.kw > 1 or g.ow <= 16 or (g.ci >= 128 and co >= 64)
 
 
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DirectPlan:

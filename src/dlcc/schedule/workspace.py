@@ -75,7 +75,7 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
     dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
     g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
-    if direct_pays(g):
+    if direct_pays(g, ws[0]):
         return plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
     if not conv_gemm_pays(g, ws[0]):
         return 0

@@ -193,7 +193,7 @@ def conv(call: TemplateCall) -> str:
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
-        if direct_pays(g) and xref.strides[-1] == 1:
+        if direct_pays(g, M) and xref.strides[-1] == 1:
             blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if blocked is not None:
                 return blocked
