@@ -573,3 +573,28 @@ def test_verifier_checks_calls_casts_and_opaque_inputs():
         verify_func(store(In(0, (Cast(i),), (4,))))
     with pytest.raises(PassError, match="int64 into float32"):
         verify_func(store(Bin("<", x, x)))  # a comparison is an int64 0/1
+
+
+def test_depthwise_loop_ir_with_a_flat_epilogue():
+    """``flat``: the epilogue as one loop over each output plane, indices (image, channel, pixel)."""
+    rng = np.random.default_rng(8)
+    c, h, w, k = 5, 7, 7, 3
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    ref = np.stack([_conv_ref(x[:, i:i + 1], wt[i:i + 1], (1, 1), (1, 1), (1, 1))[:, 0] for i in range(c)], 1)
+    g = ConvGeometry(c, h, w, h, w, k, k, 1, 1, 1, 1, 1, 1)
+    cb = Buf("c", "float32", Layout.strided((2, c, h * w)))
+    f = dw_func(g, 2, Buf("x", "float32", Layout.strided(x.shape)), Buf("w", "float32", Layout.strided((c, k * k))),
+                cb, True, threads=2, flat=True)
+    verify_func(f)
+    got = np.full((2, c, h * w), np.nan, np.float32)
+    seen = []
+
+    def epilogue(i, v):
+        seen.append(i)
+        got[i] = 2 * v
+
+    run_func(f, {"x": x.ravel().copy(), "w": wt.reshape(c, -1).ravel().copy(), "c": np.zeros(got.size, np.float32)},
+             epilogue)
+    np.testing.assert_allclose(got.reshape(ref.shape), 2 * ref, rtol=1e-5, atol=1e-5)
+    assert len(seen) == len(set(seen)) == got.size

@@ -27,10 +27,12 @@ def dw_threads(g: ConvGeometry, batch: int, threads: int) -> int:
 
 
 def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool, threads: int = 1,
-            name: str = "dwconv", fresh: Callable[[str], str] = str, pool_max: bool = False) -> Func:
+            name: str = "dwconv", fresh: Callable[[str], str] = str, pool_max: bool = False,
+            flat: bool = False) -> Func:
     """``c[b, ch, oy, ox] = sum_taps wt[ch, ky*kw + kx] * x[b, ch, iy, ix]`` (zero padding): ``x`` (N, C, H, W)
     with unit column stride, ``wt`` (C, kh*kw), ``c`` (N, C, OH, OW) with unit column stride. ``pool_max``: the
-    maximum over the taps inside instead (MaxPool; ``wt`` unread)."""
+    maximum over the taps inside instead (MaxPool; ``wt`` unread). ``flat``: the epilogue runs as one loop over
+    each plane, ``c`` then (N, C, OH*OW) and the epilogue's index (image, channel, oy*OW + ox)."""
     C = g.ci
     T = dw_threads(g, batch, threads)
     t, b, ch, oy, ox = (Var(fresh(v)) for v in ("t", "b", "ch", "oy", "ox"))
@@ -39,8 +41,12 @@ def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool
     micro = dwconv_micro(g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, x.layout.dims[2][3],
                          pool_max)
     plane: tuple[Stmt, ...] = (Micro(micro, (Ptr(x, (b, ch, Const(0), Const(0))), Ptr(wt, (ch, Const(0))),
-                                             Ptr(c, (b, ch, Const(0), Const(0))))),)
-    if epilogue:
+                                             Ptr(c, (b, ch, *[Const(0)] * (len(c.shape) - 2))))),)
+    if epilogue and flat:  # one loop over the plane (rows of 7 or 14 pixels are too short to vectorize)
+        q = Var(fresh("q"))
+        plane += (For(q, Const(0), Const(g.oh * g.ow), (
+            Epilogue((b, ch, q), Load(c, (b, ch, q))),), "vectorized"),)
+    elif epilogue:
         plane += (For(oy, Const(0), Const(g.oh), (For(ox, Const(0), Const(g.ow), (
             Epilogue((b, ch, oy, ox), Load(c, (b, ch, oy, ox))),), "vectorized"),)),)
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(batch), (For(ch, c0, c1, plane),)),)

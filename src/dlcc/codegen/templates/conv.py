@@ -341,20 +341,18 @@ def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], s
 
 def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None, g: ConvGeometry) -> str:
     """A depthwise convolution (one channel per group) in the loop IR (``schedule.dwconv``): per channel, the
-    plane micro-kernel, then bias and the fused epilogue over the plane."""
+    plane micro-kernel, then bias and the fused epilogue as one loop over the plane (vectorized)."""
     N, c = xref.shape[0], call.scratch
     wpk = call.packed(w2)
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     wt = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh, g.ow), None, c.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh * g.ow), None, c.offset))
     trivial = call.direct and bref is None
-    f = dw_func(g, N, x, wt, cb, not trivial, call.threads, fresh=call.names)
+    f = dw_func(g, N, x, wt, cb, not trivial, call.threads, fresh=call.names, flat=True)
     _verify_dw_once(g, N, xref.shape, xref.strides, not trivial, call.threads)
 
     def store(idx, v):
-        n, ch, oy, ox = idx
-        val = f"{v} + {bref.at([ch])}" if bref is not None else v
-        return call.store([n, ch, oy, ox], val)
+        return _pixel_store(call, bref, [g.oh, g.ow], idx, v)
 
     return call.emit(f, store)
 
@@ -364,8 +362,8 @@ def _verify_dw_once(g: ConvGeometry, batch: int, shape: tuple[int, ...], strides
                     threads: int) -> None:
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wt = Buf("w", "float32", Layout.strided((g.ci, g.kh * g.kw)))
-    c = Buf("c", "float32", Layout.strided((batch, g.ci, g.oh, g.ow)))
-    verify_func(dw_func(g, batch, x, wt, c, epilogue, threads))
+    c = Buf("c", "float32", Layout.strided((batch, g.ci, g.oh * g.ow)))
+    verify_func(dw_func(g, batch, x, wt, c, epilogue, threads, flat=True))
 
 
 def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], idx, v: str) -> str:
