@@ -87,6 +87,12 @@ CONV_CASES = [
     ((1, 16, 6, 6), (12, 8, 3, 3), {"group": 2, "dilations": [2, 1], "pads": [2, 1, 2, 1]}, True, True),
     ((1, 8, 20), (8, 8, 5), {"pads": [2, 2]}, True, True),
     ((1, 3, 4, 5, 6), (6, 3, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}, True, True),
+    # the row kernel (schedule.convrows) on more shapes: channel blocks and a tail, groups with a run-time weight
+    ((1, 32, 14, 14), (64, 8, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, True, True),
+    ((2, 12, 9, 10), (12, 4, 3, 3), {"group": 3, "strides": [2, 2], "pads": [1, 1, 1, 1]}, True, False),
+    ((1, 6, 4, 6, 7), (6, 2, 3, 3, 3), {"group": 3, "pads": [1] * 6, "dilations": [1, 2, 1]}, True, True),
+    ((1, 8, 50), (12, 4, 3), {"group": 2, "strides": [2], "pads": [1, 1]}, True, False),
+    ((1, 12, 6, 40), (24, 4, 1, 1), {"group": 3}, True, True),  # grouped 1x1: the pixels as one row
 ]
 
 
@@ -144,6 +150,7 @@ def test_epilogue_store(monkeypatch):
                               ("Conv", (1, 5, 7, 6), (6, 5, 1, 1), {}),
                               ("Conv", (1, 8, 7, 6), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # im2col
                               ("Conv", (1, 5, 20, 20), (7, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
+                              ("Conv", (1, 8, 9, 9), (8, 2, 3, 3), {"pads": [1, 1, 1, 1], "group": 4}),
                               ("ConvTranspose", (1, 3, 4, 5), (3, 5, 3, 3), {"strides": [2, 2]})]:
         m, feeds = _model(op, xs, ws, True, attrs, True)
         ref = _ort(m, feeds)

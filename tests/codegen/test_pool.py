@@ -159,3 +159,24 @@ def test_strided_input(monkeypatch, op, attrs):
     m = _model(op, wide.shape, attrs, list(ref.shape))
     monkeypatch.setattr(templates, "TemplateCall", fake)
     _close(run_node(m, {"x": wide}), ref)
+
+
+@pytest.mark.parametrize(("op", "x_shape", "attrs"), [
+    ("MaxPool", (1, 2, 9), {"kernel_shape": [3], "pads": [1, 1]}),  # 1-D: schedule.pool.pool_func
+    ("MaxPool", (1, 1, 3, 4, 5), {"kernel_shape": [2, 2, 2], "strides": [1, 2, 2]}),  # 3-D
+    ("GlobalMaxPool", (1, 3, 40), {}),  # partial maxima in one vector
+    ("GlobalMaxPool", (1, 2, 3, 1), {}),  # fewer elements than lanes: one running maximum
+])
+def test_max_skips_nan(op, x_shape, attrs):
+    """A NaN element is skipped by the running maximum (``acc < x ? x : acc``); a window of NaNs gives -inf.
+    (GlobalMaxPool's partial maxima start from a plane's first vector: a NaN there would stay.)"""
+    x = np.random.default_rng(3).standard_normal(x_shape).astype(np.float32)
+    flat = x.reshape(*x_shape[:2], -1)
+    flat[..., 16 if flat.shape[-1] >= 32 else 0::4] = np.nan
+    if op == "MaxPool" or flat.shape[-1] < 4:
+        x[0, 0] = np.nan  # a whole plane of NaNs
+    ref = _ort(_model(op, x_shape, attrs), {"x": np.where(np.isnan(x), -np.inf, x).astype(np.float32)})
+    ref[ref == np.finfo(np.float32).min] = -np.inf  # (onnxruntime starts its maxima at the lowest float)
+    for target in runnable_targets():
+        got = run_node(_model(op, x_shape, attrs, list(ref.shape)), {"x": x}, target=target)
+        np.testing.assert_array_equal(got, ref)

@@ -51,6 +51,14 @@ def _conv(x_shape, w_shape, **attrs) -> onnx.ModelProto:
     return _typed(g)
 
 
+def _conv_transpose(x_shape, w_shape, **attrs) -> onnx.ModelProto:
+    w = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal(w_shape).astype(np.float32) / 8, "w")
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], [w])
+    return _typed(g)
+
+
 def _matmul(a_shape, b_shape, const_b=True) -> onnx.ModelProto:
     rng = np.random.default_rng(1)
     inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)]
@@ -70,6 +78,11 @@ CASES = {
     "conv small plane (im2col)": _conv([1, 128, 7, 7], [94, 128, 3, 3], pads=[1, 1, 1, 1]),
     "depthwise groups": _conv([1, 96, 40, 40], [96, 1, 3, 3], pads=[1, 1, 1, 1], group=96),
     "conv batch": _conv([3, 16, 32, 32], [32, 16, 3, 3], strides=[2, 2]),
+    # the row kernel (schedule.convrows): threads over groups, channel blocks, depth rows, and rows
+    "grouped conv": _conv([1, 64, 28, 28], [64, 8, 3, 3], pads=[1, 1, 1, 1], group=8),
+    "conv 1-D": _conv([1, 32, 500], [40, 32, 5], pads=[2, 2]),
+    "conv 3-D": _conv([1, 8, 6, 20, 20], [16, 8, 3, 3, 3], pads=[1, 1, 1, 1, 1, 1]),
+    "conv transpose": _conv_transpose([1, 32, 20, 20], [32, 16, 4, 4], strides=[2, 2], pads=[1, 1, 1, 1]),
     "matmul rows": _matmul([130, 256], [256, 300]),
     "matmul few rows: panels": _matmul([3, 1024], [1024, 1000]),
     "batched matmul (heads)": _matmul([12, 64, 64], [12, 64, 64], const_b=False),

@@ -141,3 +141,17 @@ def test_global_pool_func_matches_numpy(shape, strides, flat, is_max):
     axes = tuple(range(2, len(shape)))
     ref = x.max(axis=axes) if is_max else x.mean(axis=axes)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_max_skips_nan():
+    """The running maximum ``acc < x ? x : acc`` (a select of a float comparison): a NaN element is skipped, a
+    window of NaNs gives -inf."""
+    g = PoolGeometry((6,), (3,), (2,), (2,), (1,), (0,))
+    x = np.array([np.nan, 1.0, np.nan, np.nan, 2.0, np.nan], np.float32)
+    xb, sb = Buf("x", "float32", Layout.strided((1, 1, 6))), Buf("s", "float32", Layout.strided((1, 1, 3)))
+    f = pool_func(g, xb, sb, None, False)
+    verify_func(f)
+    assert "select((s[" in print_func(f)
+    arrays = {"x": x, "s": np.zeros(3, np.float32)}
+    run_func(f, arrays)
+    np.testing.assert_array_equal(arrays["s"], [1.0, -np.inf, 2.0])

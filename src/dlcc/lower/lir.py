@@ -714,8 +714,10 @@ class _Verifier:
                 if b.name in self.bufs:
                     self.fail(f"allocation {b.name} shadows a buffer")
                 self.bufs[b.name] = b
-                self.stmts(s.body, env)
-                del self.bufs[b.name]
+                try:
+                    self.stmts(s.body, env)
+                finally:  # (an enclosing loop may check its body again, value by value)
+                    del self.bufs[b.name]
             elif isinstance(s, Micro):
                 self.micro(s, env)
             elif isinstance(s, Epilogue):

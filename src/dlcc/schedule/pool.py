@@ -14,8 +14,9 @@ loop bounds), so the innermost loop is branch-free and contiguous on the output;
 divided by its window's count and handed on. Global pool (``global_pool_func``), per (n, c): a contiguous
 plane of at least one vector is combined into ``lanes`` partial results (a vectorizable accumulator) that
 are merged at the end; any other plane runs its loop nest into one scalar.
-Both also take the maximum (MaxPool, GlobalMaxPool: ``Bin("max")``), verified and interpreted here; the C
-printer has no float maximum yet, so the templates keep those in C.
+Both also take the maximum (MaxPool, GlobalMaxPool): ``acc < v ? v : acc`` (``running_max``), a Select of a
+float comparison, so a NaN input element is skipped (as a vector max does) and a window of NaNs gives -inf (a
+global pool's partial maxima start from the plane's first vector: a NaN there stays).
 Sums run in a different order than onnxruntime (tests use rtol 1e-4 for the averaging ops).
 """
 
@@ -25,10 +26,26 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dlcc.lower.lir import Alloc, Bin, Buf, Const, Epilogue, Expr, For, Func, Layout, Load, Stmt, Store, Var, simplify
+from dlcc.lower.lir import (
+    Alloc,
+    Bin,
+    Buf,
+    Const,
+    Epilogue,
+    Expr,
+    For,
+    Func,
+    Layout,
+    Load,
+    Select,
+    Stmt,
+    Store,
+    Var,
+    simplify,
+)
 from dlcc.schedule.loops import nest, numbered
 
-__all__ = ["PoolGeometry", "global_pool_func", "pool_counts", "pool_func", "window_range"]
+__all__ = ["PoolGeometry", "running_max", "global_pool_func", "pool_counts", "pool_func", "window_range"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,11 @@ def pool_counts(g: PoolGeometry, end_pads: Sequence[int], include_pad: bool) -> 
         lo, hi = (-a, i + e) if include_pad else (0, i)
         counts.append([sum(1 for j in range(k) if lo <= t * s - a + j * d < hi) for t in range(o)])
     return counts
+
+
+def running_max(acc: Expr, v: Expr) -> Expr:
+    """The running maximum ``acc < v ? v : acc``: a NaN ``v`` is skipped (MaxPool's semantics in dlcc)."""
+    return Select(Bin("<", acc, v), v, acc)
 
 
 def _bounds(T: int, L: int, s: int, d: int, p: int, K: int, k: Expr) -> tuple[Expr, Expr]:
@@ -101,9 +123,8 @@ def pool_func(g: PoolGeometry, x: Buf, s: Buf, counts: Sequence[Buf | float] | N
             lo, hi = _bounds(g.outs[d], g.ins[d], g.strides[d], g.dils[d], g.pads[d], K, k)
             ti, xi = [*ts, t], [*xs, simplify(t * g.strides[d] + k * g.dils[d] - g.pads[d])]
             if d == r - 1:
-                acc = Load(s, (n, c, *ti))
-                inner: tuple[Stmt, ...] = (Store(s, (n, c, *ti), Bin("max" if is_max else "+", acc,
-                                                                       Load(x, (n, c, *xi)))),)
+                acc, v = Load(s, (n, c, *ti)), Load(x, (n, c, *xi))
+                inner: tuple[Stmt, ...] = (Store(s, (n, c, *ti), running_max(acc, v) if is_max else acc + v),)
             else:
                 inner = level(d + 1, ti, xi)
             body: tuple[Stmt, ...] = (For(t, lo, hi, inner),)
@@ -138,7 +159,7 @@ def global_pool_func(x: Buf, lanes: int, is_max: bool, name: str = "global_pool"
     fresh = fresh or numbered()
 
     def combine(a: Expr, v: Expr) -> Expr:
-        return Bin("max" if is_max else "+", a, v)
+        return running_max(a, v) if is_max else a + v
 
     def plane(n: Expr, c: Expr) -> tuple[Stmt, ...]:
         res = Buf(fresh("r"), "float32", Layout.strided((1,)), "register")

@@ -1,10 +1,11 @@
 """The schedule stage of the backend: per kernel, the choices that must be known before memory planning.
 
 What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What comes out: the same
-program where each template step that needs scratch (a packed GEMM's per-thread panels of A) owns a
-``temp`` buffer of that size (``Step.workspace``; packed GEMMs: MatMul/Gemm with a weight B,
-convolutions with a weight), written by its kernel; the memory planner then places
-it in the arena with everything else, and codegen hands it to the template.
+program where each template step that needs scratch owns a ``temp`` buffer of that size (``Step.workspace``:
+a packed GEMM's panels (MatMul/Gemm with a weight B, group-1 2-D convolutions with a weight), the blocked
+direct convolution's channel-blocked input, the row kernel's staged input (every other Conv but the
+depthwise ones, and ConvTranspose: ``schedule.convrows``)), written by its kernel; the memory planner then
+places it in the arena with everything else, and codegen hands it to the template.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
+from dlcc.errors import TemplateError
 from dlcc.lower.kir import Buffer, Program
+from dlcc.schedule.convrows import conv_rows_plan
 from dlcc.schedule.direct import direct_pays, plan_direct
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -26,6 +29,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_conv,
     plan_gemm_wconst,
 )
+from dlcc.schedule.pads import node_attr
 from dlcc.schedule.target import Target
 
 __all__ = ["declare_workspace", "node_workspace_bytes"]
@@ -84,16 +88,37 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     return plan_gemm_conv(ws[0], g, xs[0], target, threads).workspace_bytes
 
 
+def _rows_bytes(node: ir.Node, target: Target, threads: int) -> int:
+    """The row kernel's staged input (``schedule.convrows``; a 1x1 Conv's pixels as one row)."""
+    shapes = [v.shape for v in (node.inputs[0], node.inputs[1], node.outputs[0])]
+    if any(s is None for s in shapes):
+        return 0
+    xs, ws, ys = (tuple(int(d) for d in s) for s in shapes)
+    if len(xs) < 3 or len(ws) != len(xs) or len(ys) != len(xs) or min(*xs, *ws, *ys) < 1:
+        return 0
+    try:
+        return conv_rows_plan(node.op_type, node_attr(node), xs, ws, ys, target, threads, flat=True).workspace_bytes
+    except (TemplateError, ValueError, ZeroDivisionError):  # (the template reports what it does not handle)
+        return 0
+
+
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
-    if node.op_type == "Conv" and len(node.inputs) >= 2:
+    if node.op_type == "ConvTranspose" and len(node.inputs) >= 2 and node.inputs[1] is not None:
+        return _rows_bytes(node, target, threads)
+    if node.op_type == "Conv" and len(node.inputs) >= 2 and node.inputs[1] is not None:
+        x, w = node.inputs[0], node.inputs[1]
+        group = int(node_attr(node)("group", 1))
+        if (x.shape is not None and w.shape is not None and len(x.shape) == 4 and group == _shape(x)[1] == _shape(w)[0]
+                and group > 1 and is_const(w)):
+            return 0  # depthwise: the plane kernel
         dims = _pointwise_conv_dims(node, is_const)
         rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
         if dims is not None:  # a 1x1 stride-1 one may take either form: room for both
             m, n, k, batch = dims
             cols = plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes if min(dims) >= 1 else 0
             return max(cols, rows)
-        return rows
+        return rows or _rows_bytes(node, target, threads)
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
         return 0
     a, b = node.inputs[0], node.inputs[1]

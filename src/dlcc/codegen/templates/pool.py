@@ -4,16 +4,16 @@ What goes in: a ``TemplateCall`` whose input 0 is a buffer of shape (N, C, spati
 that computes every output element once and hands it to ``store``.
 
 2-D MaxPool/AveragePool over a unit-stride plane are the depthwise plane kernel of the loop IR
-(``schedule.dwconv``). The other AveragePools (1-D, 3-D, strided layouts) are the loop IR of
-``schedule.pool.pool_func``: each (n, c) output plane accumulated in ``call.scratch`` by loops (k0, t0, k1,
-t1, ...) over kernel taps and the output positions whose input position is inside the input, so the
+(``schedule.dwconv``). The other MaxPools and AveragePools (1-D, 3-D, strided layouts) are the loop IR of
+``schedule.pool.pool_func``: each (n, c) output plane accumulated (maximum or sum) in ``call.scratch`` by
+loops (k0, t0, k1, t1, ...) over kernel taps and the output positions whose input position is inside the input, so the
 innermost loop is branch-free and contiguous on the output. The output size comes from the output shape,
 which already reflects ceil_mode (a window that would start in the right padding is dropped). AveragePool
 divides by a per-dim count product (``pool_counts``: in-bounds taps for count_include_pad=0, taps inside the
 padded input without the ceil_mode overhang for 1, as onnxruntime does; a count that varies along a dim is
-a compile-time table). GlobalAveragePool is ``schedule.pool.global_pool_func`` (partial sums in one vector).
-The other MaxPools and GlobalMaxPool keep the same loop nests written as C here (``window_nest``): the loop
-IR has no C form of a float maximum yet. LRN is ``schedule.reduce.lrn_func``.
+a compile-time table). The maximum is ``acc < x ? x : acc``: a NaN element is skipped, a window with no
+element inside the input gives -inf. GlobalAveragePool and GlobalMaxPool are ``schedule.pool.global_pool_func``
+(partial results in one vector). LRN is ``schedule.reduce.lrn_func``.
 Sums run in a different order than onnxruntime (tests use rtol 1e-4 for the averaging ops, DESIGN:
 reductions).
 """
@@ -22,88 +22,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent, loops
+from dlcc.codegen.cbase import TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.templates.conv import _flat_ok, _ints, _table, lin, spatial_pads
+from dlcc.codegen.templates.conv import _flat_ok, _ints, spatial_pads
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import ConvGeometry
-from dlcc.schedule.pool import PoolGeometry, global_pool_func, pool_counts, pool_func, window_range
-
-
-@dataclass
-class WinDim:
-    """One spatial dim of a windowed loop nest. For tap ``k`` (0..K-1), ``t`` runs over ``[lo[k], hi[k])``;
-    the written position is ``t*o[0] + k*o[1] + o[2]`` (stride ``ostride``), the read position
-    ``t*i[0] + k*i[1] + i[2]`` (stride ``istride``)."""
-
-    K: int
-    lo: list[int]
-    hi: list[int]
-    o: tuple[int, int, int]
-    i: tuple[int, int, int]
-    ostride: int
-    istride: int
-
-
-def window_dim(T: int, L: int, s: int, d: int, p: int, K: int, *, ostride: int, istride: int) -> WinDim:
-    """Output position ``t`` in [0, T) reads the input position ``t*s + k*d - p`` at tap k, when in [0, L)."""
-    lo, hi = zip(*(window_range(T, L, s, d, p, k) for k in range(K)), strict=True)
-    return WinDim(K, list(lo), list(hi), (1, 0, 0), (s, d, -p), ostride, istride)
-
-
-def window_nest(names: Names, dims: Sequence[WinDim], obases: Sequence[str], ibase: str,
-                pre: Callable[[list[str]], str], stmt: Callable[[list[str], str], str],
-                decls: list[str]) -> str:
-    """The loop nest (k0, t0, k1, t1, ...) over ``dims``. ``obases``: C pointer expressions of the written
-    planes (float*), ``ibase``: C pointer expression of the read plane. ``pre(ks)`` gives C statements before
-    the innermost t loop (kernel tap indices ``ks``), ``stmt(out_lvalues, in_expr)`` the innermost body.
-    Static range tables are appended to ``decls``."""
-    last = len(dims) - 1
-
-    def level(d: int, ks: list[str], oterms: list, iterms: list) -> str:
-        dim = dims[d]
-        k = names("k") if dim.K > 1 else "0"
-        lo = _table(names, decls, dim.lo, k)
-        hi = _table(names, decls, dim.hi, k)
-        t = names("t")
-        ks = [*ks, k]
-        oterms = [*oterms, (k, dim.o[1] * dim.ostride), dim.o[2] * dim.ostride]
-        iterms = [*iterms, (k, dim.i[1] * dim.istride), dim.i[2] * dim.istride]
-        head = f"for (int64_t {t} = {lo}; {t} < {hi}; ++{t}) {{"
-        if d == last:
-            ops = [names("po") for _ in obases]
-            ip = names("pi")
-            lines = [f"float* restrict {p} = {b} + ({lin(*oterms)});" for p, b in zip(ops, obases, strict=True)]
-            lines.append(f"const float* restrict {ip} = {ibase} + ({lin(*iterms)});")
-            lines.append(pre(ks))
-            oel = [f"{p}[{lin((t, dim.o[0] * dim.ostride))}]" for p in ops]
-            iel = f"{ip}[{lin((t, dim.i[0] * dim.istride))}]"
-            lines += [head, indent(stmt(oel, iel)), "}"]
-            body = "\n".join(x for x in lines if x)
-        else:
-            inner = level(d + 1, ks, [*oterms, (t, dim.o[0] * dim.ostride)], [*iterms, (t, dim.i[0] * dim.istride)])
-            body = f"{head}\n{indent(inner)}\n}}"
-        if dim.K > 1:
-            body = f"for (int64_t {k} = 0; {k} < {dim.K}; ++{k}) {{\n{indent(body)}\n}}"
-        return body
-
-    return level(0, [], [], [])
-
-
-def _plane_init(call: TemplateCall, pre_idx: list[str], value: str) -> str:
-    sp = call.out_shape[len(pre_idx):]
-    _, code = loops(sp, call.names, lambda idx: f"{call.scratch.at([*pre_idx, *idx])} = {value};", "s")
-    return code
-
-
-def _ptr(ref: TensorRef, idx: list[str]) -> str:
-    return f"({ref.ptr} + ({ref.index(idx)}))"
+from dlcc.schedule.pool import PoolGeometry, global_pool_func, pool_counts, pool_func
 
 
 def _input(call: TemplateCall):
@@ -119,17 +47,6 @@ def _input(call: TemplateCall):
     if tuple(call.out_shape[:2]) != tuple(x.shape[:2]):
         raise TemplateError(f"{call.node.op_type}: output shape {call.out_shape} does not match input {x.shape}")
     return x.ref
-
-
-def _nc_loops(call: TemplateCall, N: int, C: int, body) -> str:
-    n = call.names("n") if N > 1 else "0"
-    c = call.names("c") if C > 1 else "0"
-    code = body(n, c)
-    if C > 1:
-        code = f"for (int64_t {c} = 0; {c} < {C}; ++{c}) {{\n{indent(code)}\n}}"
-    if N > 1:
-        code = f"for (int64_t {n} = 0; {n} < {N}; ++{n}) {{\n{indent(code)}\n}}"
-    return code
 
 
 @register("MaxPool", "AveragePool", needs_buffers=True)
@@ -168,35 +85,14 @@ def pool(call: TemplateCall) -> str:
     counts = pool_counts(g, pe, bool(call.attr("count_include_pad", 0))) if op == "AveragePool" else None
     if r == 2 and call.pack is not None and xref.strides[-1] == 1 and call.scratch.contiguous:
         return _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
-    if counts is not None:
-        return _average_pool(call, xref, g, counts)
-    # MaxPool: the loop IR's float max has no C form yet (schedule.pool.pool_func builds it)
-    names = call.names
-    sref = call.scratch
-    dims = [window_dim(o, i, s, d, p, k, ostride=os_, istride=is_)
-            for o, i, s, d, p, k, os_, is_ in zip(outs, ins, strides, dils, pb, ks, sref.strides[2:],
-                                                  xref.strides[2:], strict=True)]
-    decls: list[str] = []
-    zeros = ["0"] * r
-
-    def body(n: str, c: str) -> str:
-        parts = [_plane_init(call, [n, c], "(-INFINITY)")]
-        parts.append(window_nest(names, dims, [_ptr(sref, [n, c, *zeros])], _ptr(xref, [n, c, *zeros]),
-                                 lambda kk: "", lambda o, x: f"{o[0]} = {x} > {o[0]} ? {x} : {o[0]};", decls))
-        if not call.direct:
-            _, st = loops(outs, names, lambda idx: call.store([n, c, *idx], sref.at([n, c, *idx])), "s")
-            parts.append(st)
-        return "\n".join(parts)
-
-    code = _nc_loops(call, N, C, body)
-    return "\n".join([*decls, code])
+    return _windowed_pool(call, xref, g, counts)
 
 
-def _average_pool(call: TemplateCall, xref: TensorRef, g: PoolGeometry, counts: list[list[int]]) -> str:
-    """AveragePool in the loop IR (``schedule.pool.pool_func``): sums in the scratch, divided by the window
-    counts (per dim a constant, or a compile-time table)."""
+def _windowed_pool(call: TemplateCall, xref: TensorRef, g: PoolGeometry, counts: list[list[int]] | None) -> str:
+    """MaxPool and AveragePool in the loop IR (``schedule.pool.pool_func``): maxima or sums in the scratch, the
+    sums divided by the window counts (``counts``: per dim a constant, or a compile-time table)."""
     factors: list[Buf | float] = []
-    for cs in counts:
+    for cs in counts or ():
         if len(set(cs)) == 1:
             factors.append(float(cs[0]))
             continue
@@ -207,19 +103,23 @@ def _average_pool(call: TemplateCall, xref: TensorRef, g: PoolGeometry, counts: 
     sref = call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     s = Buf(sref.ptr, "float32", Layout.strided(sref.shape, sref.strides, sref.offset))
-    f = pool_func(g, x, s, factors, not call.direct, name="average_pool", fresh=call.names)
-    _verify_average_once(g, xref.shape, xref.strides, sref.strides,
-                         tuple(c if isinstance(c, float) else None for c in factors), not call.direct)
+    is_max = counts is None
+    f = pool_func(g, x, s, None if is_max else factors, not call.direct,
+                  name="max_pool" if is_max else "average_pool", fresh=call.names)
+    _verify_pool_func_once(g, xref.shape, xref.strides, sref.strides,
+                           None if is_max else tuple(c if isinstance(c, float) else None for c in factors),
+                           not call.direct)
     return call.emit(f, call.store)
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_average_once(g: PoolGeometry, shape: tuple[int, ...], x_strides: tuple[int, ...],
-                         s_strides: tuple[int, ...], factors: tuple[float | None, ...], epilogue: bool) -> None:
+def _verify_pool_func_once(g: PoolGeometry, shape: tuple[int, ...], x_strides: tuple[int, ...],
+                           s_strides: tuple[int, ...], factors: tuple[float | None, ...] | None,
+                           epilogue: bool) -> None:
     x = Buf("x", "float32", Layout.strided(shape, x_strides))
     s = Buf("s", "float32", Layout.strided((*shape[:2], *g.outs), s_strides))
-    tables = [c if c is not None else Buf(f"cnt{d}", "float32", Layout.strided((g.outs[d],)))
-              for d, c in enumerate(factors)]
+    tables = None if factors is None else [
+        c if c is not None else Buf(f"cnt{d}", "float32", Layout.strided((g.outs[d],))) for d, c in enumerate(factors)]
     verify_func(pool_func(g, x, s, tables, epilogue))
 
 
@@ -274,49 +174,19 @@ def global_pool(call: TemplateCall) -> str:
         return ""  # empty output: nothing to compute
     if P == 0:
         raise TemplateError(f"{op}: empty spatial extent")
-    names = call.names
     ones = ["0"] * len(ins)
     flat = _flat_ok(xref, 2) and P >= LANES
-    if op == "GlobalAveragePool":  # the loop IR (schedule.pool.global_pool_func)
-        shape, strides = ((N, C, P), (*xref.strides[:2], 1)) if flat else (xref.shape, xref.strides)
-        x = Buf(xref.ptr, "float32", Layout.strided(shape, strides, xref.offset))
-        f = global_pool_func(x, LANES, False, fresh=names)
-        _verify_global_once(shape, strides, LANES)
-        return call.emit(f, lambda idx, v: call.store([*idx, *ones], v))
-
-    # GlobalMaxPool: the loop IR's float max has no C form yet (schedule.pool.global_pool_func builds it)
-    def combine(a: str, x: str) -> str:
-        return f"{a} = {x} > {a} ? {x} : {a};"
-
-    def body(n: str, c: str) -> str:
-        acc, res = names("acc"), names("r")
-        lines = []
-        if flat:
-            xp, i, j = names("px"), names("p"), names("l")
-            full = P // LANES * LANES
-            lines += [f"const float* restrict {xp} = {_ptr(xref, [n, c, *ones])};",
-                      f"float {acc}[{LANES}];",
-                      f"for (int64_t {j} = 0; {j} < {LANES}; ++{j}) {acc}[{j}] = {xp}[{j}];",
-                      f"for (int64_t {i} = {LANES}; {i} < {full}; {i} += {LANES}) {{",
-                      indent(f"for (int64_t {j} = 0; {j} < {LANES}; ++{j}) {{\n"
-                             f"{indent(combine(f'{acc}[{j}]', f'{xp}[{i} + {j}]'))}\n}}"),
-                      "}",
-                      f"float {res} = {acc}[0];",
-                      f"for (int64_t {j} = 1; {j} < {LANES}; ++{j}) {combine(res, f'{acc}[{j}]')}"]
-            if full < P:
-                lines.append(f"for (int64_t {i} = {full}; {i} < {P}; ++{i}) {combine(res, f'{xp}[{i}]')}")
-        else:
-            lines.append(f"float {res} = (-INFINITY);")
-            lines.append(loops(ins, names, lambda idx: combine(res, xref.at([n, c, *idx])), "s")[1])
-        lines.append(call.store([n, c, *ones], res))
-        return "\n".join(lines)
-
-    return _nc_loops(call, N, C, body)
+    shape, strides = ((N, C, P), (*xref.strides[:2], 1)) if flat else (xref.shape, xref.strides)
+    x = Buf(xref.ptr, "float32", Layout.strided(shape, strides, xref.offset))
+    is_max = op == "GlobalMaxPool"
+    f = global_pool_func(x, LANES, is_max, name="global_max_pool" if is_max else "global_pool", fresh=call.names)
+    _verify_global_once(shape, strides, LANES, is_max)
+    return call.emit(f, lambda idx, v: call.store([*idx, *ones], v))
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_global_once(shape: tuple[int, ...], strides: tuple[int, ...], lanes: int) -> None:
-    verify_func(global_pool_func(Buf("x", "float32", Layout.strided(shape, strides)), lanes, False))
+def _verify_global_once(shape: tuple[int, ...], strides: tuple[int, ...], lanes: int, is_max: bool) -> None:
+    verify_func(global_pool_func(Buf("x", "float32", Layout.strided(shape, strides)), lanes, is_max))
 
 
 @register("LRN", needs_buffers=True)
