@@ -45,7 +45,7 @@ from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import Target
 
-__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct"]
+__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
@@ -81,6 +81,20 @@ class DirectPlan:
     @property
     def workspace_bytes(self) -> int:
         return 4 * self.workspace_floats
+
+
+def trim_taps(g: ConvGeometry) -> tuple[ConvGeometry, tuple[int, int], tuple[int, int]]:
+    """The geometry without the kernel rows and columns that no output reaches inside the input (a dilation
+    as large as the plane: DeepLab's ASPP leaves only the centre tap), and the kept [first, last) kernel
+    rows and columns; the padding shrinks with them, so the result is the same convolution."""
+    def keep(k: int, o: int, s: int, d: int, p: int, n: int) -> tuple[int, int]:
+        inside = [t for t in range(k) if any(0 <= y * s + t * d - p < n for y in range(o))]
+        return (inside[0], inside[-1] + 1) if inside else (0, 1)
+
+    (y0, y1), (x0, x1) = keep(g.kh, g.oh, g.sh, g.dh, g.ph, g.h), keep(g.kw, g.ow, g.sw, g.dw, g.pw, g.w)
+    t = ConvGeometry(g.ci, g.h, g.w, g.oh, g.ow, y1 - y0, x1 - x0, g.sh, g.sw, g.dh, g.dw, g.ph - y0 * g.dh,
+                     g.pw - x0 * g.dw)
+    return t, (y0, y1), (x0, x1)
 
 
 def direct_pays(g: ConvGeometry, co: int) -> bool:

@@ -10,6 +10,7 @@ places it in the arena with everything else, and codegen hands it to the templat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import onnx_ir as ir
@@ -17,7 +18,7 @@ import onnx_ir as ir
 from dlcc.errors import TemplateError
 from dlcc.lower.kir import Buffer, Program
 from dlcc.schedule.convrows import conv_rows_plan
-from dlcc.schedule.direct import direct_pays, plan_direct
+from dlcc.schedule.direct import direct_pays, plan_direct, trim_taps
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -29,7 +30,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_conv,
     plan_gemm_wconst,
 )
-from dlcc.schedule.pads import node_attr
+from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.target import Target
 
 __all__ = ["declare_workspace", "node_workspace_bytes"]
@@ -80,6 +81,11 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
     g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
     if direct_pays(g, ws[0]):
+        try:
+            pb, _ = conv_pads(node_attr(node), "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
+        except TemplateError:
+            return 0
+        g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
         return plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
     if not conv_gemm_pays(g, ws[0]):
         return 0

@@ -31,7 +31,7 @@ from dlcc.codegen.cbase import Operand, TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
-from dlcc.schedule.direct import DirectPlan, direct_func, direct_pays, pack_direct, plan_direct
+from dlcc.schedule.direct import DirectPlan, direct_func, direct_pays, pack_direct, plan_direct, trim_taps
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -259,6 +259,8 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
     epilogue."""
     N, M = xref.shape[0], w4.shape[0]
     ws, c = call.workspace, call.scratch
+    g, (y0, y1), (x0, x1) = trim_taps(g)  # taps no output reaches inside the input: dropped
+    w4 = w4[:, :, y0:y1, x0:x1]
     plan = plan_direct(M, g, N, call.target, call.threads)
     if plan.workspace_floats > ws.size:
         return None
