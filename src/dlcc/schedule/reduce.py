@@ -55,6 +55,7 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
+from dlcc.schedule.loops import numbered
 
 __all__ = ["CACHE_LIMIT", "TAIL_LIMIT", "RowOp", "arg_func", "lrn_func", "row_func"]
 
@@ -64,16 +65,6 @@ CHUNKS_PER_THREAD = 4  # rows over threads: at most this many ranges per thread 
 
 Get = Callable[[str], Expr]  # the accumulator of an earlier pass (for the current tail element)
 SCALAR = Layout.strided(())
-
-
-def _names() -> Callable[[str], str]:
-    """Fresh names (``i0``, ``i1``...) when the caller gives none."""
-    count: dict[str, int] = {}
-
-    def fresh(prefix: str) -> str:
-        count[prefix] = count.get(prefix, 0) + 1
-        return f"{prefix}{count[prefix] - 1}"
-    return fresh
 
 
 def _f32(x: float) -> Const:
@@ -272,7 +263,7 @@ def _over_threads(body: tuple[Stmt, ...], threads: int, fresh: Callable[[str], s
 def row_func(spec: RowOp, lanes: int, threads: int = 1, fresh: Callable[[str], str] | None = None) -> Func:
     """The loop IR of ``spec`` (module docstring): ``lanes`` partial accumulators where the last axis is
     reduced, the rows over ``threads`` threads (1: none)."""
-    fresh = fresh or _names()
+    fresh = fresh or numbered()
     shape, r, axes = spec.shape, len(spec.shape), list(spec.axes)
     nest = _Nest(shape, fresh)
     full = nest.full
@@ -374,7 +365,7 @@ def arg_func(op: str, shape: tuple[int, ...], axis: int, keepdims: bool, last: b
              fresh: Callable[[str], str] | None = None) -> Func:
     """ArgMax/ArgMin of input 0 over ``axis`` (normalized; ``last``: the last of equal extremes): the best
     value and its index per row, the tail of kept dims after the axis as accumulator arrays (as ``row_func``)."""
-    fresh = fresh or _names()
+    fresh = fresh or numbered()
     r, n = len(shape), shape[axis]
     if n == 0:
         raise PassError(f"{op}: empty reduction axis")
@@ -424,7 +415,7 @@ def lrn_func(x: Buf, s: Buf, size: int, alpha: float, beta: float, bias: float,
     """LRN of ``x`` (N, C, spatial...): per image and channel, the sum of squares over the channel window
     accumulated in ``s`` (the output's shape: the destination itself), then the epilogue gets
     ``x * (bias + alpha / size * sum) ** -beta``."""
-    fresh = fresh or _names()
+    fresh = fresh or numbered()
     N, C, *sp = x.shape
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
     nest = _Nest(x.shape, fresh)
