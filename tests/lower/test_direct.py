@@ -75,15 +75,16 @@ def test_direct_plan_tiles_and_order():
 def test_direct_micro_kernels_match_their_contracts(target):
     t = get_target(target)
     rng = np.random.default_rng(12)
-    tiles = [(2 * t.lanes, 5, t.lanes, 3, 3, 1, 1, 1), (t.lanes, 3, 3, 2, 5, 2, 1, 2)]
+    tiles = [(2 * t.lanes, 5, t.lanes, 3, 3, 1, 1, 1, 0), (t.lanes, 3, 3, 2, 5, 2, 1, 2, 0),
+             (t.lanes, 4, t.lanes, 1, 3, 1, 2, 1, 2 * 3 * t.lanes * t.lanes)]  # one of 3 kernel rows: 2 skipped
     packs = [(t.lanes, 5, 6, 1, 2, 7, 9), (3, 6, 7, 0, 0, 5, 6)]
     src = PRELUDE + vector_helpers(t.lanes) + "\n"
     names = []
-    for no, px, cbi, kh, kw, sw, dh, dw in tiles:
+    for no, px, cbi, kh, kw, sw, dh, dw, wskip in tiles:
         xrow = ((px - 1) * sw + (kw - 1) * dw + 1) * cbi + 3
         xcb = ((kh - 1) * dh + 1) * xrow + 5
-        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow)
-        names.append(("dconv", name, (no, px, cbi, kh, kw, xcb)))
+        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip)
+        names.append(("dconv", name, (no, px, cbi, kh, kw, xcb, wskip)))
         src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
                                          f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")
     for geo in packs:
@@ -97,10 +98,10 @@ def test_direct_micro_kernels_match_their_contracts(target):
         for kind, name, geo in names:
             fn = getattr(lib, f"w_{name}")
             if kind == "dconv":
-                no, px, cbi, kh, kw, xcb = geo
+                no, px, cbi, kh, kw, xcb, wskip = geo
                 ncb = 2
                 x = rng.standard_normal(ncb * xcb).astype(np.float32)
-                w = rng.standard_normal(ncb * kh * kw * cbi * no).astype(np.float32)
+                w = rng.standard_normal(ncb * (kh * kw * cbi * no + wskip)).astype(np.float32)
                 ldc = px + DCONV_PAD + 2
                 want = np.full(ldc * no, 7.0, np.float32)
                 MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, {"ncb": ncb, "ldc": ldc})

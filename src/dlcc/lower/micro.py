@@ -11,14 +11,15 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
         pixels as rows and output channels as columns, stored channel-major).
 
-    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}(ncb, x, w, c, ldc)
+    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}_{wskip}(ncb, x, w, c, ldc)
         one register tile of a direct convolution over a channel-blocked input (``nchwc_``'s layout):
-        c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[(((b*kh + ky)*kw + kx)*cbi + i)*no + o]
+        c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[b*(kh*kw*cbi*no + wskip) + ((ky*kw + kx)*cbi + i)*no + o]
                                                     * x[b*xcb + ky*dh*xrow + (p*sw + kx*dw)*cbi + i]
         for o < no, p < px: ``no`` output channels (whole vectors) by ``px`` output pixels of a row, stored
         channel-major (each channel's pixels contiguous, as the output plane holds them); the elements
         c[o*ldc + p] for px <= p < px + 16 may be overwritten (the tile is stored as whole vectors), so
-        ldc >= px + 16.
+        ldc >= px + 16. ``wskip``: weights after each channel block's kh kernel rows that are not read (the
+        kernel rows of a convolution that no output row of this tile reaches inside the input).
 
     nchwc_{cbi}_{h}_{w}_{ph}_{pw}_{hp}_{wp}(x, xc, xh, nci, ws)
         one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
@@ -155,11 +156,13 @@ def dwconv_micro(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw
 DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a whole vector of the widest target)
 
 
-def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int) -> str:
+def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
+                wskip: int = 0) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring)."""
-    geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow)
+    geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip)
     name = f"dconv_{no}x{px}_" + "_".join(str(v) for v in geo)
+    wcb = kh * kw * cbi * no + wskip  # weights per channel block
     if name in MICRO:
         return name
     taps = kh * kw
@@ -167,12 +170,13 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
         span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
-        return {"x": (1, 0, span), "w": (1, 0, ncb * taps * cbi * no), "c": (no, s["ldc"], px + DCONV_PAD)}
+        return {"x": (1, 0, span), "w": (1, 0, ncb * wcb - wskip), "c": (no, s["ldc"], px + DCONV_PAD)}
 
     def reference(arrays, offsets, s) -> None:
         ncb = s["ncb"]
         x, xo = arrays["x"], offsets["x"]
-        wt = arrays["w"][offsets["w"]:offsets["w"] + ncb * taps * cbi * no].reshape(ncb, kh, kw, cbi, no)
+        wall = arrays["w"][offsets["w"]:offsets["w"] + ncb * wcb]
+        wt = np.stack([wall[b * wcb:b * wcb + taps * cbi * no] for b in range(ncb)]).reshape(ncb, kh, kw, cbi, no)
         acc = np.zeros((px, no))
         for b in range(ncb):
             for ky in range(kh):
