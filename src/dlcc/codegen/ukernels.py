@@ -280,7 +280,8 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
                 f"        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow} + kx * {dw * cbi};\n"
                 f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
     skip = f"\n    w += {wskip};" if wskip else ""
-    lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n{indent(taps, 2)}{skip}\n}}")
+    lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n"
+                 f"{indent(taps, 2)}{skip}\n}}")
     for j in range(nv):
         for pb in range(0, px, lanes):
             rows = [acc[j][pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]

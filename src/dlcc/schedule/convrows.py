@@ -77,7 +77,7 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.schedule.loops import numbered
+from dlcc.schedule.loops import numbered, share
 from dlcc.schedule.pads import Attr, attr_ints, conv_pads, convt_pads
 from dlcc.schedule.target import Target
 
@@ -339,8 +339,7 @@ class _Conv:
         """This thread's share of range(extent) when the threads split it, else all of it."""
         if not mine or self.t is None:
             return Const(0), Const(extent)
-        t, T = self.t, self.p.threads
-        return simplify(t * extent // T), simplify((t + 1) * extent // T)
+        return share(self.t, extent, self.p.threads)
 
     def loop(self, prefix: str, lo: Expr, hi: Expr, body: Callable[[Expr], tuple[Stmt, ...]],
              kind: str = "serial") -> tuple[Stmt, ...]:

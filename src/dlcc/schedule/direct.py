@@ -43,6 +43,7 @@ from dlcc.lower.lir import (
 )
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
 __all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "trim_taps"]
@@ -197,7 +198,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
         Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
         Bin("min", Const(cbi), Const(g.ci) - cb * cbi), Ptr(ws, ((cb * p.batch + b) * block,))))
-    c0, c1 = _part(tv1, ncb, T)
+    c0, c1 = share(tv1, ncb, T)
     phase1: Stmt = For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack,)),))
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
@@ -230,8 +231,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         """Output rows [lo, hi), split where the kernel rows that reach inside the input change."""
         out: tuple[Stmt, ...] = ()
         for s0, s1, k0, k1 in row_segments(g):
-            a = simplify(Bin("max", lo, Const(s0))) if not isinstance(lo, Const) else Const(max(lo.value, s0))
-            z = simplify(Bin("min", hi, Const(s1))) if not isinstance(hi, Const) else Const(min(hi.value, s1))
+            a, z = simplify(Bin("max", lo, Const(s0))), simplify(Bin("min", hi, Const(s1)))
             if isinstance(a, Const) and isinstance(z, Const) and a.value >= z.value:
                 continue
             out += (For(oy, a, z, body(tiles(k0, k1))),)
@@ -242,13 +242,13 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         For(q, Const(0), Const(span), (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
             "vectorized"),))
     if p.order == "rows":
-        r0, r1 = _part(tv2, g.oh, T)
+        r0, r1 = share(tv2, g.oh, T)
         nest = rows(r0, r1, lambda t: (For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*t, epilogue)),)),))
     elif p.order == "oc":
-        o0, o1 = _part(tv2, p.n_oct, T)
+        o0, o1 = share(tv2, p.n_oct, T)
         nest = (For(oct, o0, o1, rows(Const(0), Const(g.oh), lambda t: (Alloc(acc, (*t, epilogue)),))),)
     else:
-        o0, o1 = _part(tv2, p.n_oct, T)
+        o0, o1 = share(tv2, p.n_oct, T)
         nest = (For(oct, o0, o1, (Alloc(acc, (*rows(Const(0), Const(g.oh), lambda t: t), epilogue)),)),)
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
     if T > 1:
@@ -258,10 +258,4 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         body = (phase1, phase2)
     return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))
 
-
-def _part(tv: Expr, n: int, parts: int) -> tuple[Expr, Expr]:
-    """Thread tv's share [lo, hi) of range(n) split in ``parts``."""
-    if parts == 1:
-        return Const(0), Const(n)
-    return simplify(tv * n // parts), simplify((tv + 1) * n // parts)
 

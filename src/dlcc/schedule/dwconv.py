@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dlcc.lower.lir import Buf, Const, Epilogue, Expr, For, Func, Load, Micro, Ptr, Stmt, Var, simplify
+from dlcc.lower.lir import Buf, Const, Epilogue, Expr, For, Func, Load, Micro, Ptr, Stmt, Var
 from dlcc.lower.micro import dwconv_micro
 from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.loops import share
 
 __all__ = ["DW_PAR_MIN_OUTPUTS", "dw_func", "dw_threads"]
 
@@ -37,7 +38,7 @@ def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool
     T = dw_threads(g, batch, threads)
     t, b, ch, oy, ox = (Var(fresh(v)) for v in ("t", "b", "ch", "oy", "ox"))
     tv: Expr = t if T > 1 else Const(0)
-    c0, c1 = (simplify(tv * C // T), simplify((tv + 1) * C // T)) if T > 1 else (Const(0), Const(C))
+    c0, c1 = share(tv, C, T)
     micro = dwconv_micro(g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, x.layout.dims[2][3],
                          pool_max)
     plane: tuple[Stmt, ...] = (Micro(micro, (Ptr(x, (b, ch, Const(0), Const(0))), Ptr(wt, (ch, Const(0))),

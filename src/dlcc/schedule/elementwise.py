@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dlcc.lower.lir import Const, Epilogue, Expr, For, Func, In, Stmt, Var, simplify
-from dlcc.schedule.loops import nest, numbered
+from dlcc.lower.lir import Const, Epilogue, Expr, For, Func, In, Stmt, Var
+from dlcc.schedule.loops import nest, numbered, share
 
 __all__ = ["map_func"]
 
@@ -36,5 +36,5 @@ def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "
     parts = min(n, 4 * threads)
     t, i = Var(fresh("t")), Var(fresh("i"))
     rest = nest(shape[lead + 1:], fresh, "i", lambda idx: body([*[Const(0)] * lead, i, *idx]))
-    ranges = For(i, simplify(t * n // parts), simplify((t + 1) * n // parts), rest)
+    ranges = For(i, *share(t, n, parts), rest)
     return Func(name, (), (For(t, Const(0), Const(parts), (ranges,), "parallel"),))

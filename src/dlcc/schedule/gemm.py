@@ -42,6 +42,7 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.lower.micro import gemm_micro, gemmt_micro, im2col_micro
+from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
 __all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_batched_dims",
@@ -281,7 +282,8 @@ def conv_gemm_pays(g: ConvGeometry, co: int) -> bool:
     im2col element feeds 2*co flops, so the gather pays where the direct kernel wastes most: a single tap
     (a strided 1x1), short output rows (<= 16 pixels, where the direct kernel's pixel vectors run part
     empty), and strided convolutions with >= 128 output channels. Measured on ResNet-50 (Zen 5, AVX-512):
-    56x56 and 28x28 stride-1 3x3 layers and the 7x7 stem stay direct."""
+    56x56 and 28x28 stride-1 3x3 layers and the 7x7 stem stay direct. (Since the blocked direct kernel,
+    ``schedule.direct.direct_pays``, it is asked only about the convolutions that kernel does not take.)"""
     if g.kh * g.kw == 1 or g.ow <= 16:
         return True
     return (g.sh > 1 or g.sw > 1) and co >= 128
@@ -364,7 +366,7 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
                                    Ptr(ws, (q * (K * MR),)))) if isinstance(pack, Micro) else \
             For(kk, Const(0), Const(K), (For(r, Const(0), _subst_rows(rows, ib, q), (
                 Store(ws, (q * (K * MR) + kk * _subst_rows(rows, ib, q) + r,), _subst_value(value, ib, q, k0, pc)),)),))
-        phase1 = For(t1, Const(0), Const(T), (For(q, simplify(t1 * MB // T), simplify((t1 + 1) * MB // T), (
+        phase1 = For(t1, Const(0), Const(T), (For(q, *share(t1, MB, T), (
             For(b, Const(0), Const(1), (gather,)),)),), "parallel")
         phase2 = For(t, Const(0), Const(T), (For(b, Const(0), Const(1), (For(pc, Const(0), Const(NK), (
             For(ib, Const(0), Const(MB), (For(jp, cb0, cb1, tiles),)),)),)),), "parallel")
@@ -403,7 +405,7 @@ def gemm_func_batched(p: GemmPlan, a: Buf, b: Buf, c: Buf, ws: Buf, epilogue: bo
     MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
     t, q, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "q", "pc", "ib", "jp", "kk", "r", "j"))
     tv: Expr = t if T > 1 else Const(0)
-    q0, q1 = (simplify(tv * p.batch // T), simplify((tv + 1) * p.batch // T)) if T > 1 else (Const(0), Const(p.batch))
+    q0, q1 = share(tv, p.batch, T)
     k0, kcv, rows, cols = _edges(p, pc, ib, jp)
     bbase = simplify(tv * p.workspace_floats)
     abase = simplify(bbase + NP * KC * NR)

@@ -1,16 +1,16 @@
 """Small helpers the loop-IR builders of ``dlcc.schedule`` share.
 
-What goes in: extents, a name generator, a body builder. What comes out: loop-IR statements (``nest``) and
-fresh variable names (``numbered``).
+What goes in: extents, a name generator, a body builder. What comes out: loop-IR statements (``nest``),
+fresh variable names (``numbered``) and a thread's share of a range (``share``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from dlcc.lower.lir import Const, Expr, For, Stmt, Var
+from dlcc.lower.lir import Const, Expr, For, Stmt, Var, simplify
 
-__all__ = ["nest", "numbered"]
+__all__ = ["nest", "numbered", "share"]
 
 
 def numbered() -> Callable[[str], str]:
@@ -21,6 +21,13 @@ def numbered() -> Callable[[str], str]:
         seen[prefix] = seen.get(prefix, -1) + 1
         return f"{prefix}{seen[prefix]}"
     return fresh
+
+
+def share(t: Expr, n: int, parts: int) -> tuple[Expr, Expr]:
+    """Part ``t``'s contiguous share [lo, hi) of range(n) split in ``parts`` (all of it for one part)."""
+    if parts == 1:
+        return Const(0), Const(n)
+    return simplify(t * n // parts), simplify((t + 1) * n // parts)
 
 
 def nest(shape: Sequence[int], fresh: Callable[[str], str], prefix: str | Sequence[str],
