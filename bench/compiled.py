@@ -1,7 +1,8 @@
 """Benchmark: compiled latency and memory of dlcc against onnxruntime, on the light, test-kit and sized models.
 
 What goes in: the nine light models of the onnx wheel, the dlcc.testing kit models (seeded random
-weights) and the models at real sizes built in code (``SIZED``: a BERT-base encoder and eight CNNs),
+weights) and the models at real sizes built in code (``SIZED``: BERT-base encoders at sequence 32, 128
+and 512, a DistilBERT-sized encoder, GPT-2 small, ViT-B/16 and eight CNNs),
 compiled with ``dlcc.compile`` (level 3 for the dlcc-c target, ``--fusion auto``, -O3 -march=native).
 What comes out: per model, the compile time, the kernel count, the max error against onnxruntime
 (relative to the output's scale), the latency of dlcc and of onnxruntime (1 thread, all graph
@@ -36,12 +37,14 @@ from dlcc.testing.models import (  # noqa: E402
     convnext_block_stack,
     deeplabv3_head,
     efficientnet_b0,
+    gpt2_decoder_stack,
     mobilenet_v2,
     mobilenet_v3_small,
     resnet18,
     shufflenet_v2,
     squeezenet,
     transformer_encoder_block,
+    vit_b16,
 )
 from machine import write_section  # noqa: E402
 
@@ -84,6 +87,19 @@ SIZED = {
     # BERT-base-sized encoder: 12 layers, hidden 768, 12 heads, FFN 3072, sequence 128, batch 1
     "bert_base_enc": lambda: transformer_encoder_block(batch=1, seq=128, vocab=1000, d_model=768, heads=12,
                                                       ffn=3072, layers=12),
+    # GPT-2 small (HF eager export pattern), seq 128, vocab 1000: 86.6M parameters, 22.3 GFLOP
+    "gpt2_small": gpt2_decoder_stack,
+    # ViT-B/16 (torchvision), [1, 3, 224, 224] -> 1000 logits: 86.6M parameters, 35.1 GFLOP
+    "vit_b16": vit_b16,
+    # DistilBERT-sized encoder: BERT-base dims, 6 layers, seq 128: 43.4M parameters, 11.2 GFLOP
+    "distilbert_enc": lambda: transformer_encoder_block(batch=1, seq=128, vocab=1000, d_model=768, heads=12,
+                                                       ffn=3072, layers=6),
+    # BERT-base encoder at sequence 32: 85.8M parameters, 5.5 GFLOP
+    "bert_base_enc_s32": lambda: transformer_encoder_block(batch=1, seq=32, vocab=1000, d_model=768, heads=12,
+                                                          ffn=3072, layers=12),
+    # BERT-base encoder at sequence 512: 86.2M parameters, 96.6 GFLOP
+    "bert_base_enc_s512": lambda: transformer_encoder_block(batch=1, seq=512, vocab=1000, d_model=768, heads=12,
+                                                           ffn=3072, layers=12),
     "mobilenet_v2": mobilenet_v2,  # width 1.0, 3.50M parameters, 0.60 GFLOP
     "mobilenet_v3_small": mobilenet_v3_small,  # 2.54M parameters, 0.11 GFLOP
     "efficientnet_b0": efficientnet_b0,  # 5.29M parameters, 0.77 GFLOP

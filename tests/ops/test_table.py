@@ -94,7 +94,7 @@ def test_every_entry_has_both_classifications():
         assert (info.domain, info.op_type) == (domain, op_type)
         assert isinstance(info.kind, Kind), op_type
         assert isinstance(info.mapping, Mapping), op_type
-        assert domain in ("", "ai.onnx.ml", "com.microsoft")
+        assert domain in ("", "ai.onnx.ml", "com.microsoft", "dlcc")
 
 
 @pytest.mark.parametrize("op_type", UNARY + BINARY + INJECTIVE + REDUCTIONS + OTHERS)

@@ -51,6 +51,7 @@ from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
 from dlcc.lower.lir import Func, print_func, verify_func
+from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
 from dlcc.schedule.elementwise import map_func
 from dlcc.schedule.target import Target, get_target
@@ -167,7 +168,7 @@ class _KernelGen:
                 continue
             const = gen.const_of(v)
             ref = gen.buffers.get(v)
-            if ref is None and const is not None and (node.op_type in NEEDS_BUFFERS or const.size > 1):
+            if ref is None and const is not None and (op_key(node) in NEEDS_BUFFERS or const.size > 1):
                 ref = self.ref(self.p.value_buffer[v]) if v in self.p.value_buffer else self.weights.add(const)
                 gen.buffers[v] = ref
             if ref is not None:
@@ -204,7 +205,7 @@ class _KernelGen:
         ws = self.ref(step.workspace) if step.workspace is not None else None
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
                             lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro)
-        code = TEMPLATES[node.op_type](call)
+        code = TEMPLATES[op_key(node)](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
 

@@ -16,13 +16,20 @@ and tap, the no output channels' weights are loaded once (no / lanes vectors) an
 pixels is broadcast once and feeds no / lanes FMAs; the tile is stored channel-major through a local tile
 (so that the epilogue runs along each channel's contiguous pixels, vectorized).
 nchwc_...: a transposing copy, each output pixel's cbi channels gathered from cbi planes.
+attn_...: one head of attention (``lower.micro.AttnSpec``): K is packed transposed and V row-major into the
+workspace (whole vectors, zero-padded), then per block of qb query rows: the qb x sk scores in register tiles of
+qb rows x nv key vectors (each query value broadcast once per key vector group), scaled on the store; the
+causal fill and the mask in one elementwise pass; the row maximum, exp and sum (vectorized, the sum in one
+partial per lane); the product with V in tiles of qb rows x nv feature vectors, each probability broadcast
+once; each row scaled by 1 / its sum on the store. Only qb rows of probabilities exist at a time.
 """
 
 from __future__ import annotations
 
 import re
 
-from dlcc.codegen.cbase import indent
+from dlcc.codegen.cbase import c_float, indent
+from dlcc.lower.micro import AttnSpec
 
 __all__ = ["micro_c"]
 
@@ -49,6 +56,9 @@ def micro_c(name: str, lanes: int) -> str:
     m = _NCHWC.match(name)
     if m is not None:
         return _nchwc(name, *(int(v) for v in m.group(1).split("_")))
+    spec = AttnSpec.parse(name)
+    if spec is not None:
+        return _attn(spec, lanes)
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
@@ -328,6 +338,127 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
         const float* restrict s = x + iy * xh;
         for (int64_t xx = 0; xx < {wc}; ++xx)
             for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx] : 0.0f;
+    }}
+}}
+"""
+
+
+def _attn(sp: AttnSpec, lanes: int) -> str:
+    """The C of one head of attention (contract: ``lower.micro.AttnSpec``), every size and stride a constant."""
+    L, qb, nv = lanes, sp.qb, sp.nv
+    skp, dp = -(-sp.sk // L) * L, -(-sp.d // L) * L
+    nvk, nvd = skp // L, dp // L
+    scale, fill = c_float(sp.scale_value), c_float(sp.fill_value)
+
+    def tile(kind: str, n: int, start: str) -> str:
+        """qb rows x n vectors of the scores (kind "qk": at key column ``start``) or of the output (kind "pv":
+        at feature ``start``), accumulated over the e < d features or j < sk keys."""
+        acc = [[f"a{r}_{c}" for c in range(n)] for r in range(qb)]
+        lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
+        lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
+        if kind == "qk":
+            loads = [f"const dlcc_vf b{c} = dlcc_vf_load(kt + e * {skp} + {start} + {c * L});" for c in range(n)]
+            bcast = [f"(dlcc_vf){{0}} + q{r}[e * {sp.qd}]" for r in range(qb)]
+            loop = f"for (int64_t e = 0; e < {sp.d}; ++e)"
+        else:
+            loads = [f"const dlcc_vf b{c} = dlcc_vf_load(vp + j * {dp} + {start} + {c * L});" for c in range(n)]
+            bcast = [f"(dlcc_vf){{0}} + p[{r * skp} + j]" for r in range(qb)]
+            loop = f"for (int64_t j = 0; j < {sp.sk}; ++j)"
+        body = list(loads)
+        for r in range(qb):
+            fmas = " ".join(f"{acc[r][c]} += x{r} * b{c};" for c in range(n))
+            body.append(f"{{ const dlcc_vf x{r} = {bcast[r]}; {fmas} }}")
+        lines.append(f"{loop} {{\n{indent(chr(10).join(body))}\n}}")
+        if kind == "qk":
+            lines += [f"dlcc_vf_store(p + {r * skp} + {start} + {c * L}, {acc[r][c]} * sc);"
+                      for r in range(qb) for c in range(n)]
+        else:
+            vec = sp.od == 1 and sp.d % L == 0
+            for r in range(qb):
+                st = []
+                for c in range(n):
+                    val = f"{acc[r][c]} * ((dlcc_vf){{0}} + rinv[{r}])"
+                    if vec:
+                        st.append(f"dlcc_vf_store(o + (i0 + {r}) * {sp.os} + {start} + {c * L}, {val});")
+                    else:
+                        e = f"{start} + {c * L} + l"
+                        st.append(f"{{ float t[{L}]; dlcc_vf_store(t, {val}); for (int64_t l = 0; l < {L}; ++l) "
+                                  f"if ({e} < {sp.d}) o[(i0 + {r}) * {sp.os} + ({e}) * {sp.od}] = t[l]; }}")
+                guard = f"if (i0 + {r} < {sp.sq}) " if sp.sq % qb else ""
+                lines.append(f"{guard}{{\n{indent(chr(10).join(st))}\n}}")
+        return "{\n" + indent("\n".join(lines)) + "\n}"
+
+    def chunks(kind: str, nvec: int, var: str) -> list[str]:
+        full, tail = nvec // nv, nvec % nv
+        out = []
+        if full:
+            out.append(f"for (int64_t {var} = 0; {var} < {full * nv * L}; {var} += {nv * L}) "
+                       + tile(kind, nv, var))
+        if tail:
+            out.append(tile(kind, tail, str(full * nv * L)))
+        return out
+
+    mask = ""
+    if sp.mk:
+        mask = f" x += m[i * {sp.ms} + j * {sp.mj}];"
+    causal = f" x = (j > i + {sp.sk - sp.sq}) ? {fill} : x;" if sp.causal else ""
+    m_param = "const float* restrict m, " if sp.mk else ""
+    qrows = "\n".join(f"    const float* restrict q{r} = q + ((i0 + {r} < {sp.sq}) ? i0 + {r} : {sp.sq - 1}) * {sp.qs};"
+                       for r in range(qb))
+    kpack = (f"for (int64_t j = 0; j < {sp.sk}; ++j)\n    for (int64_t e = 0; e < {sp.d}; ++e) "
+             f"kt[e * {skp} + j] = k[j * {sp.ks} + e * {sp.kd}];") if sp.kd == 1 else \
+        (f"for (int64_t e = 0; e < {sp.d}; ++e)\n    for (int64_t j = 0; j < {sp.sk}; ++j) "
+         f"kt[e * {skp} + j] = k[j * {sp.ks} + e * {sp.kd}];")
+    kzero = (f"\nfor (int64_t e = 0; e < {sp.d}; ++e)\n    for (int64_t j = {sp.sk}; j < {skp}; ++j) "
+             f"kt[e * {skp} + j] = 0.0f;") if skp > sp.sk else ""
+    vzero = f"\n    for (int64_t e = {sp.d}; e < {dp}; ++e) vp[j * {dp} + e] = 0.0f;" if dp > sp.d else ""
+    pad = f"\n        for (int64_t j = {sp.sk}; j < {skp}; ++j) pr[j] = -INFINITY;" if skp > sp.sk else ""
+    qk = "\n".join(chunks("qk", nvk, "jc"))
+    pv = "\n".join(chunks("pv", nvd, "ec"))
+    return f"""static void dlcc_uk_{sp.name}(const float* restrict q, const float* restrict k, const float* restrict v,
+        {m_param}float* restrict o, float* restrict ws) {{
+    typedef int32_t dlcc_attn_vi __attribute__((vector_size({4 * L})));
+    float* restrict kt = ws;  /* K transposed: {sp.d} rows of {skp} keys */
+    float* restrict vp = ws + {sp.d * skp};  /* V: {sp.sk} rows of {dp} features */
+    float* restrict p = vp + {sp.sk * dp};  /* {qb} rows of {skp} scores, then probabilities */
+    const dlcc_vf sc = (dlcc_vf){{0}} + {scale};
+{indent(kpack)}{indent(kzero)}
+    for (int64_t j = 0; j < {sp.sk}; ++j) {{
+        for (int64_t e = 0; e < {sp.d}; ++e) vp[j * {dp} + e] = v[j * {sp.vs} + e * {sp.vd}];{vzero}
+    }}
+    for (int64_t i0 = 0; i0 < {sp.sq}; i0 += {qb}) {{
+{qrows}
+        float rinv[{qb}];
+{indent(qk, 2)}
+        for (int64_t r = 0; r < {qb}; ++r) {{
+            const int64_t i = (i0 + r < {sp.sq}) ? i0 + r : {sp.sq - 1};
+            float* restrict pr = p + r * {skp};
+            for (int64_t j = 0; j < {sp.sk}; ++j) {{
+                float x = pr[j];{causal}{mask}
+                pr[j] = x;
+            }}{pad}
+            dlcc_vf vmx = dlcc_vf_load(pr);
+            for (int64_t jv = {L}; jv < {skp}; jv += {L}) {{
+                const dlcc_vf x = dlcc_vf_load(pr + jv);
+                const dlcc_attn_vi c = x > vmx;
+                vmx = (dlcc_vf)((c & (dlcc_attn_vi)x) | (~c & (dlcc_attn_vi)vmx));
+            }}
+            float mx = vmx[0];
+            for (int64_t l = 1; l < {L}; ++l) mx = vmx[l] > mx ? vmx[l] : mx;
+            float lane[{L}];
+            for (int64_t l = 0; l < {L}; ++l) lane[l] = 0.0f;
+            for (int64_t jv = 0; jv < {skp}; jv += {L}) {{
+                for (int64_t l = 0; l < {L}; ++l) {{
+                    const float e = dlcc_expf(pr[jv + l] - mx);
+                    pr[jv + l] = e;
+                    lane[l] += e;
+                }}
+            }}
+            float sum = 0.0f;
+            for (int64_t l = 0; l < {L}; ++l) sum += lane[l];
+            rinv[r] = 1.0f / sum;
+        }}
+{indent(pv, 2)}
     }}
 }}
 """

@@ -45,6 +45,44 @@ class ChannelShuffle(OpRun):
         return (y.reshape(x.shape),)
 
 
+def attention_reference(q, k, v, mask=None, *, num_heads: int, scale: float, causal: int = 0, fill: float = 0.0,
+                        layout=(1, 2, 1, 1), head_size: int = 0, offsets=(0, 0, 0)) -> np.ndarray:
+    """dlcc::Attention in numpy (float32 result): ``softmax(scale * Q K^T [causal: fill above the diagonal]
+    + mask) V``, each operand in its ``layout`` code (0: [B, S, H*D], 1: [B, H, S, D], 2: [B, H, D, S])."""
+    def heads(x, code, off):
+        if code == 0:
+            d = head_size or x.shape[2] // num_heads
+            b, s = x.shape[:2]
+            return x[:, :, off:off + num_heads * d].reshape(b, s, num_heads, d).transpose(0, 2, 1, 3)
+        return x.swapaxes(-1, -2) if code == 2 else x
+
+    qh, kh, vh = (heads(x, c, o) for x, c, o in zip((q, k, v), layout[:3], offsets, strict=True))
+    s = np.matmul(qh, kh.swapaxes(-1, -2)) * np.float32(scale)
+    sq, sk = s.shape[-2:]
+    if causal:
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None] + sk - sq, np.float32(fill), s)
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    out = np.matmul(e / e.sum(axis=-1, keepdims=True), vh).astype(np.float32)
+    if layout[3] == 0:
+        b, h, n, d = out.shape
+        out = out.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+    return out
+
+
+class Attention(OpRun):
+    op_domain = "dlcc"
+
+    def _run(self, q, k, v, mask=None, num_heads=None, scale=None, causal=None, fill=None, layout=None,
+             head_size=None, offsets=None):
+        return (attention_reference(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal or 0,
+                                    fill=fill or 0.0, layout=tuple(layout) if layout is not None else (1, 2, 1, 1),
+                                    head_size=head_size or 0,
+                                    offsets=tuple(offsets) if offsets is not None else (0, 0, 0)),)
+
+
 def _evaluator(node: ir.Node, opset: dict[str, int]) -> ReferenceEvaluator:
     proto = ir.serde.serialize_node(node)
     ins = [onnx.helper.make_empty_tensor_value_info(n) for n in proto.input if n]
@@ -52,7 +90,7 @@ def _evaluator(node: ir.Node, opset: dict[str, int]) -> ReferenceEvaluator:
     graph = onnx.helper.make_graph([proto], "node", ins, outs)
     imports = [onnx.helper.make_opsetid(d, v) for d, v in opset.items()]
     model = onnx.helper.make_model(graph, opset_imports=imports)
-    return ReferenceEvaluator(model, new_ops=[ChannelShuffle])
+    return ReferenceEvaluator(model, new_ops=[ChannelShuffle, Attention])
 
 
 def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarray],

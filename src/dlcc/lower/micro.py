@@ -25,15 +25,28 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
         x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
         for yy < hp, xx < wp, i < cbi (rows and columns of the plane beyond hp x wp are not read).
+
+    attn_{sq}_{sk}_{d}_{qs}_{qd}_{ks}_{kd}_{vs}_{vd}_{os}_{od}_{mk}_{ms}_{mj}_{causal}_{scale}_{fill}_{qb}_{nv}
+        (q, k, v, [m,] o, ws): one head of scaled dot-product attention (``AttnSpec``):
+        s[i, j] = scale * sum_{e < d} q[i*qs + e*qd] * k[j*ks + e*kd], then s[i, j] = fill where causal and
+        j > i + sk - sq, then s[i, j] += m[i*ms + j*mj] when mk; p = softmax over j < sk of s;
+        o[i*os + e*od] = sum_j p[i, j] * v[j*vs + e*vd] for i < sq, e < d. scale and fill are the hex bits of
+        float32 values; qb x nv is the register tile (query rows x key or feature vectors). ws holds
+        ``AttnSpec.ws_floats(lanes)`` floats (K transposed and V, padded to whole vectors, and qb rows of
+        probabilities); no sq x sk buffer exists.
 """
 
 from __future__ import annotations
+
+import struct
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["DCONV_PAD", "dconv_micro", "dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
+__all__ = ["DCONV_PAD", "AttnSpec", "attn_micro", "attn_reference", "dconv_micro", "dwconv_micro", "gemm_micro",
+           "gemmt_micro", "im2col_micro", "nchwc_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -218,4 +231,132 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) ->
         name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("ws", "out")),
         f"ws[(yy*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
         "i < nci, else 0", footprint, reference)
+    return name
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(np.float32(x))))[0]
+
+
+def _bits_f32(b: int) -> float:
+    return float(struct.unpack("<f", struct.pack("<I", b))[0])
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """One head of attention, every size and element stride a constant (see the module docstring): queries
+    q[i*qs + e*qd] (i < sq, e < d), keys k[j*ks + e*kd] (j < sk), values v[j*vs + e*vd], output o[i*os + e*od];
+    ``mk``: an additive mask m[i*ms + j*mj] is read; ``causal``: s[i, j] = fill for j > i + sk - sq (before the
+    mask is added); ``scale``/``fill``: float32 bits; ``qb`` x ``nv``: query rows x vectors of the register tile."""
+    sq: int
+    sk: int
+    d: int
+    qs: int
+    qd: int
+    ks: int
+    kd: int
+    vs: int
+    vd: int
+    os: int
+    od: int
+    mk: int
+    ms: int
+    mj: int
+    causal: int
+    scale: int
+    fill: int
+    qb: int
+    nv: int
+
+    @staticmethod
+    def make(*, scale: float, fill: float, **kw) -> AttnSpec:
+        return AttnSpec(scale=_f32_bits(scale), fill=_f32_bits(fill), **kw)
+
+    @property
+    def name(self) -> str:
+        vals = astuple(self)
+        return "attn_" + "_".join(f"{v:08x}" if f in ("scale", "fill") else str(v)
+                                  for f, v in zip(self.__dataclass_fields__, vals, strict=True))
+
+    @staticmethod
+    def parse(name: str) -> AttnSpec | None:
+        if not name.startswith("attn_"):
+            return None
+        parts = name[5:].split("_")
+        fields = list(AttnSpec.__dataclass_fields__)
+        if len(parts) != len(fields):
+            return None
+        try:
+            return AttnSpec(*(int(p, 16) if f in ("scale", "fill") else int(p)
+                              for f, p in zip(fields, parts, strict=True)))
+        except ValueError:
+            return None
+
+    @property
+    def scale_value(self) -> float:
+        return _bits_f32(self.scale)
+
+    @property
+    def fill_value(self) -> float:
+        return _bits_f32(self.fill)
+
+    def ws_floats(self, lanes: int) -> int:
+        """Workspace of one call: K transposed (d x skp), V (sk x dp), qb rows of skp probabilities."""
+        skp, dp = -(-self.sk // lanes) * lanes, -(-self.d // lanes) * lanes
+        return self.d * skp + self.sk * dp + self.qb * skp
+
+
+# the widest target's lanes bound the workspace the verifier and interpreter assume for a contract
+_MAX_LANES = 16
+
+
+def attn_reference(spec: AttnSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None) -> np.ndarray:
+    """The contract on [sq, d], [sk, d], [sk, d] arrays (and the mask as [sq, sk]) in float64: [sq, d]."""
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * spec.scale_value
+    if spec.causal:
+        i = np.arange(spec.sq)[:, None]
+        j = np.arange(spec.sk)[None, :]
+        s = np.where(j > i + spec.sk - spec.sq, spec.fill_value, s)
+    if spec.mk:
+        s = s + m.astype(np.float64)
+    s = s - s.max(axis=1, keepdims=True)
+    e = np.exp(s)
+    return (e / e.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+def attn_micro(spec: AttnSpec) -> str:
+    """The name of the attention micro-kernel of ``spec``, registering its contract on first use."""
+    name = spec.name
+    if name in MICRO:
+        return name
+    sp = spec
+
+    def gather(arr, off, rows, rs, cols, cs):
+        r = np.arange(rows)[:, None] * rs + np.arange(cols)[None, :] * cs
+        return arr[off + r]
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        fp = {"q": (sp.sq, sp.qs, (sp.d - 1) * sp.qd + 1), "k": (sp.sk, sp.ks, (sp.d - 1) * sp.kd + 1),
+              "v": (sp.sk, sp.vs, (sp.d - 1) * sp.vd + 1), "o": (sp.sq, sp.os, (sp.d - 1) * sp.od + 1),
+              "ws": (1, 0, sp.ws_floats(_MAX_LANES))}
+        if sp.mk:
+            fp["m"] = (sp.sq, sp.ms, (sp.sk - 1) * sp.mj + 1)
+        return fp
+
+    def reference(arrays, offsets, s) -> None:
+        q = gather(arrays["q"], offsets["q"], sp.sq, sp.qs, sp.d, sp.qd)
+        k = gather(arrays["k"], offsets["k"], sp.sk, sp.ks, sp.d, sp.kd)
+        v = gather(arrays["v"], offsets["v"], sp.sk, sp.vs, sp.d, sp.vd)
+        m = gather(arrays["m"], offsets["m"], sp.sq, sp.ms, sp.sk, sp.mj) if sp.mk else None
+        out = attn_reference(sp, q, k, v, m)
+        o = arrays["o"]
+        idx = offsets["o"] + np.arange(sp.sq)[:, None] * sp.os + np.arange(sp.d)[None, :] * sp.od
+        o[idx] = out.astype(o.dtype)
+
+    params = (("q", "in"), ("k", "in"), ("v", "in"), *((("m", "in"),) if sp.mk else ()), ("o", "out"), ("ws", "out"))
+    MICRO[name] = MicroKernel(
+        name, params,
+        f"o[i*{sp.os} + e*{sp.od}] = softmax_j({sp.scale_value!r} * q_i . k_j{' causal' if sp.causal else ''}"
+        f"{f' + m[i*{sp.ms} + j*{sp.mj}]' if sp.mk else ''}) . v_j, i < {sp.sq}, j < {sp.sk}, e < {sp.d}",
+        footprint, reference)
     return name

@@ -60,6 +60,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
+from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.ops.table import Kind, op_info
 
 __all__ = ["model_flops", "node_bytes", "node_flops", "static_shape"]
@@ -309,6 +310,17 @@ def _attention(node: ir.Node) -> int | None:
     return b * s * keys * (2 * q_hidden + 5 * q_heads + 2 * y_hidden)
 
 
+def _dlcc_attention(node: ir.Node) -> int | None:
+    """dlcc::Attention: the two products and the softmax (as Attention's formula), shapes from its layout."""
+    shapes = [static_shape(_input(node, i)) for i in range(3)]
+    if any(s is None for s in shapes):
+        return None
+    heads, layout, head_size, offsets = attention_attrs(lambda n, dflt: node.attributes[n].value
+                                                        if n in node.attributes else dflt)
+    b, h, sq, sk, d = attention_dims(*shapes, heads, layout, head_size, offsets)
+    return b * h * sq * sk * (4 * d + 5)
+
+
 def _scatter(updates_index: int) -> Callable[[ir.Node], int | None]:
     def flops(node: ir.Node) -> int | None:
         if node.attributes.get_string("reduction", "none") == "none":
@@ -373,6 +385,7 @@ _FORMULAS: dict[tuple[str, str], Callable[[ir.Node], int | None]] = {
     ("com.microsoft", "SimplifiedLayerNormalization"): _per_output_element(4),
     ("com.microsoft", "SkipSimplifiedLayerNormalization"): _per_output_element(5),
     ("ai.onnx.ml", "Normalizer"): _per_output_element(3),
+    ("dlcc", "Attention"): _dlcc_attention,
 }
 
 # Fallbacks by pattern kind for ops without a formula; OUT_ELEMWISE_FUSABLE and OPAQUE ops need one.

@@ -212,6 +212,8 @@ _FAMILIES: list[tuple[str, Kind, Mapping, dict, str]] = [
      "SkipSimplifiedLayerNormalization"),
     ("com.microsoft", _K.OPAQUE, _M.MANY_TO_MANY, {},
      "Attention MultiHeadAttention GroupQueryAttention RotaryEmbedding"),
+    # dlcc's own attention (dlcc.passes.replace): contractions inside, an elementwise epilogue on the write
+    ("dlcc", _K.OUT_ELEMWISE_FUSABLE, _M.MANY_TO_MANY, {}, "Attention"),
 ]
 
 
@@ -281,6 +283,6 @@ C_BACKEND_OPS = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Concat", "Split", "Gather",
     "Pad", "Resize", "Expand", "Tile", "Shape", "Constant", "ConstantOfShape", "DepthToSpace", "SpaceToDepth",
     "GatherElements", "Upsample",
-    # dlcc's own: the channel shuffle idiom as one op
-    "dlcc::ChannelShuffle",
+    # dlcc's own: the channel shuffle idiom as one op, attention as one op
+    "dlcc::ChannelShuffle", "dlcc::Attention",
 })

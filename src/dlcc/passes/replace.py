@@ -17,6 +17,15 @@ Rules (each computes the same function; "exact" rules keep every float operation
                              -> dlcc::ChannelShuffle(group=g)
     channel-shuffle-to-idiom dlcc::ChannelShuffle -> the Reshape/Transpose/Reshape idiom (targets that
                              lack the op, such as ``onnx``: standard ONNX out)
+    attention-to-op          MatMul(Q, K^T) -> [Mul/Div by a scalar] -> [Where(causal constant, s, fill)]
+                             -> [Add(mask)] -> Softmax(last axis) -> MatMul(P, V)
+                             -> dlcc::Attention(Q, K, V[, mask]); a scalar Mul on Q or K^T joins the scale;
+                             Q, K, V split into heads by Reshape + Transpose are read unsplit (layout code 0),
+                             and so is the output when it is merged back by Transpose + Reshape
+    merge-sibling-matmuls    MatMul(x, W_i) [+ b_i] for i < n (n >= 2, constant W_i of one K, the same x)
+                             -> MatMul(x, [W_0 ... W_n-1]) [+ [b_0 ... b_n-1]] -> Slice per i (not a rule of
+                             the driver: it replaces n roots at once; the Q, K, V projections become one GEMM
+                             that attention-to-op then reads by column offsets)
     grouped-conv-split       Conv(group=g) -> Split + g Convs + Concat (targets without groups)
     pad-attrs-to-inputs      Pad(x; pads, value attributes) -> Pad(x, pads, value) when the pass raises
                              the opset to >= 11 (``upgrade_opset_to``; off by default)
@@ -51,7 +60,7 @@ from dlcc.passes.rewrite import (
     single_use,
     static_shape,
 )
-from dlcc.passes.targets import CHANNEL_SHUFFLE, GROUPED_CONV, Target, get_target
+from dlcc.passes.targets import ATTENTION, CHANNEL_SHUFFLE, GROUPED_CONV, Target, get_target
 from dlcc.util import all_graphs
 
 DLCC_DOMAIN = "dlcc"
@@ -439,6 +448,303 @@ def _channel_shuffle_to_idiom_rule(t: Target) -> Rule:
                 exact=True, domain=DLCC_DOMAIN)
 
 
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def _scalar(v: ir.Value | None) -> float | None:
+    data = const_array(v)
+    return None if data is None or data.size != 1 else float(data.reshape(-1)[0])
+
+
+def _attention_core(x: ir.Value) -> dict | None:
+    """Walk back from the softmax input without its mask: [Where(causal, s, fill)] <- [Mul/Div by a scalar]
+    <- MatMul(Q, K^T), every value passed used once."""
+    out: dict = {"scale": 1.0, "causal": 0, "fill": 0.0}
+    w = producer(x, "Where")
+    if w is not None and single_use(x):
+        cond = const_array(w.inputs[0])
+        keep_first = _scalar(w.inputs[2]) is not None  # Where(cond, s, fill): cond keeps
+        chain, fill = (w.inputs[1], _scalar(w.inputs[2])) if keep_first else (w.inputs[2], _scalar(w.inputs[1]))
+        shape = static_shape(x)
+        if cond is None or fill is None or shape is None or len(shape) < 2 or cond.dtype != np.bool_:
+            return None
+        sq, sk = shape[-2:]
+        if cond.ndim > len(shape) or any(d != 1 for d in cond.shape[:-2]) or cond.shape[-2:] != (sq, sk):
+            return None
+        tril = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
+        if not np.array_equal(cond.reshape(sq, sk), tril if keep_first else ~tril):
+            return None
+        out.update(causal=1, fill=fill)
+        x = chain
+    s = producer(x, ("Mul", "Div"))
+    if s is not None and single_use(x):
+        if s.op_type == "Mul":
+            for i in (0, 1):
+                c = _scalar(s.inputs[1 - i])
+                if c is not None and producer(s.inputs[i], "MatMul") is not None:
+                    out["scale"], x = c, s.inputs[i]
+                    break
+        else:
+            c = _scalar(s.inputs[1])
+            if c is not None and c != 0.0 and producer(s.inputs[0], "MatMul") is not None:
+                out["scale"], x = float(np.float32(1.0) / np.float32(c)), s.inputs[0]
+    mm = producer(x, "MatMul")
+    if mm is None or not single_use(x):
+        return None
+    out["qk"] = mm
+    return out
+
+
+def _columns(x: ir.Value) -> tuple[ir.Value, int]:
+    """``x`` as a column range of a wider [B, S, W] value: (that value, first column) when ``x`` is a unit-step
+    Slice or a Split output along the last axis of it, else (x, 0)."""
+    xs = static_shape(x)
+    s = producer(x, ("Slice", "Split"))
+    if s is None or xs is None or len(xs) != 3:
+        return x, 0
+    src = static_shape(s.inputs[0])
+    if src is None or len(src) != 3 or src[:2] != xs[:2]:
+        return x, 0
+    if s.op_type == "Split":
+        if attr(s, "axis", 0) not in (-1, 2):
+            return x, 0
+        outs = [static_shape(o) for o in s.outputs]
+        if any(o is None for o in outs):
+            return x, 0
+        i = list(s.outputs).index(x)
+        return s.inputs[0], sum(o[2] for o in outs[:i])
+    parts = [const_array(v) for v in s.inputs[1:5]] + [None] * (5 - len(s.inputs))
+    starts, ends, axes, steps = parts[:4]
+    if starts is None or ends is None or starts.size != 1 or (len(s.inputs) > 3 and s.inputs[3] is not None
+                                                              and (axes is None or axes.size != 1)):
+        return x, 0
+    axis = int(axes.reshape(-1)[0]) if axes is not None else 0
+    if axis not in (-1, 2) or (steps is not None and int(steps.reshape(-1)[0]) != 1):
+        return x, 0
+    start = int(starts.reshape(-1)[0])
+    start = start + src[2] if start < 0 else start
+    if not 0 <= start <= src[2] - xs[2]:
+        return x, 0
+    return s.inputs[0], start
+
+
+def _split_heads(v: ir.Value, perm: tuple[int, ...]) -> tuple[ir.Value, int] | None:
+    """The [B, S, W] value and first column of the [B, S, H*D] range that ``v`` = Transpose(Reshape(x,
+    [B, S, H, D]), perm) splits into heads (x itself, or x a column range of a merged projection)."""
+    t = producer(v, "Transpose")
+    if t is None or tuple(attr(t, "perm") or ()) != perm:
+        return None
+    r = producer(t.inputs[0], "Reshape")
+    if r is None:
+        return None
+    x, split = static_shape(r.inputs[0]), static_shape(r.outputs[0])
+    if x is None or split is None or len(x) != 3 or len(split) != 4:
+        return None
+    if split[:2] != x[:2] or split[2] * split[3] != x[2]:
+        return None
+    return _columns(r.inputs[0])
+
+
+def _attention_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        sm = producer(node.inputs[0], "Softmax")
+        return None if sm is None else {"sm": sm}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if not (t.has(ATTENTION) and t.prefer("attention") == "fused"):
+            return "target does not fuse attention"
+        sm = m["sm"]
+        p, v = sm.outputs[0], node.inputs[1]
+        ps, vs, ys = static_shape(p), static_shape(v), static_shape(node.outputs[0])
+        if ps is None or vs is None or ys is None or len(ps) != 4 or len(vs) != 4:
+            return "not 4-D static shapes"
+        if any(x.dtype != ir.DataType.FLOAT for x in (p, v, node.outputs[0])):
+            return "not float32"
+        if not single_use(p) or attr(sm, "axis", -1) not in (-1, 3):
+            return "softmax not over the keys, or its result has other uses"
+        x, core, mask = sm.inputs[0], None, None
+        add = producer(x, "Add")
+        if add is not None and single_use(x):
+            for i in (0, 1):
+                core = _attention_core(add.inputs[i])
+                if core is not None:
+                    mask = add.inputs[1 - i]
+                    break
+        if core is None:
+            core = _attention_core(x)
+        if core is None:
+            return "no Q K^T product before the softmax"
+        qh, kt = core["qk"].inputs
+        for i in (0, 1):  # a scalar scale on Q or K^T before the product (exporters of torch's MHA, ViT)
+            x = (qh, kt)[i]
+            s = producer(x, "Mul")
+            if s is None or not single_use(x):
+                continue
+            for j in (0, 1):
+                c = _scalar(s.inputs[1 - j])
+                if c is not None and static_shape(s.inputs[j]) == static_shape(x):
+                    core["scale"] = float(np.float32(core["scale"]) * np.float32(c))
+                    qh, kt = (s.inputs[j], kt) if i == 0 else (qh, s.inputs[j])
+                    break
+        qs, ks = static_shape(qh), static_shape(kt)
+        if qs is None or ks is None or len(qs) != 4 or len(ks) != 4:
+            return "Q or K^T not 4-D"
+        b, h, sq, d = qs
+        sk = ks[3]
+        if ks != (b, h, d, sk) or vs != (b, h, sk, d) or ps != (b, h, sq, sk) or ys != (b, h, sq, d):
+            return "Q, K, V shapes disagree"
+        if mask is not None:
+            ms = static_shape(mask)
+            full = (b, h, sq, sk)
+            if (ms is None or mask.dtype != ir.DataType.FLOAT or len(ms) > 4
+                    or any(a not in (1, f) for a, f in zip(ms, full[4 - len(ms):], strict=True))):
+                return "mask does not broadcast to the scores"
+        if any(x.dtype != ir.DataType.FLOAT for x in (qh, kt)):
+            return "not float32"
+        m.update(core, mask=mask, dims=(b, h, sq, sk, d), q=qh, kt=kt)
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b_: Builder):
+        b, h, sq, sk, d = m["dims"]
+        qh, kt = m["q"], m["kt"]
+        v = node.inputs[1]
+        q3, v3 = _split_heads(qh, (0, 2, 1, 3)), _split_heads(v, (0, 2, 1, 3))
+        k3 = _split_heads(kt, (0, 2, 3, 1))
+        layout = [0 if q3 is not None else 1, 0, 0 if v3 is not None else 1, 1]
+        offsets = [q3[1] if q3 else 0, k3[1] if k3 else 0, v3[1] if v3 else 0]
+        k_in = k3[0] if k3 else None
+        if k3 is None:
+            tk = producer(kt, "Transpose")
+            if tk is not None and tuple(attr(tk, "perm") or ()) == (0, 1, 3, 2):
+                k_in, layout[1] = tk.inputs[0], 1
+            else:
+                k_in, layout[1] = kt, 2
+        y = node.outputs[0]
+        merged = None  # the consumer Transpose(0, 2, 1, 3) -> Reshape [B, Sq, H*D]: the output read unsplit
+        if len(y.uses()) == 1 and not y.is_graph_output():
+            tr = y.uses()[0].node
+            if (tr.op_type == "Transpose" and tr.domain in ("", "ai.onnx")
+                    and tuple(attr(tr, "perm") or ()) == (0, 2, 1, 3)):
+                merged = tr
+        if merged is not None:
+            layout[3] = 0
+        inputs = [q3[0] if q3 is not None else qh, k_in, v3[0] if v3 is not None else v]
+        if m["mask"] is not None:
+            inputs.append(m["mask"])
+        attrs = {"num_heads": h, "scale": float(m["scale"]), "causal": int(m["causal"]), "fill": float(m["fill"]),
+                 "layout": layout}
+        if any(offsets) or any(c == 0 and x.shape[2] != h * d for c, x in zip(layout, inputs, strict=False)):
+            attrs.update(head_size=d, offsets=offsets)
+        f32 = ir.DataType.FLOAT
+        if layout[3] == 0:
+            y3 = b_.op("Attention", inputs, attrs, domain=DLCC_DOMAIN, hint="attention", dtype=f32,
+                       shape=[b, sq, h * d])
+            r = b_.op("Reshape", [y3, b_.const(np.array([b, sq, h, d], np.int64), "shape")], hint="attention_heads",
+                      dtype=f32, shape=[b, sq, h, d])
+            return [b_.op("Transpose", [r], {"perm": [0, 2, 1, 3]}, hint="attention_heads_t", dtype=f32,
+                          shape=[b, h, sq, d])]
+        return [b_.op("Attention", inputs, attrs, domain=DLCC_DOMAIN, hint="attention", dtype=f32,
+                      shape=[b, h, sq, d])]
+
+    return Rule("attention-to-op", ("MatMul",), pattern, check, rewrite, min_opset=13,
+                doc="MatMul -> scale -> causal Where -> mask Add -> Softmax -> MatMul -> dlcc::Attention",
+                family="replace", exact=False, input_ops=frozenset({"Softmax"}))
+
+
+# ------------------------------------------------------------------------------------ sibling MatMuls
+
+
+def _weight_product(node: ir.Node) -> np.ndarray | None:
+    """The constant 2-D float32 weight of a MatMul(x, W) whose x is at least 2-D with static shape."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+        return None
+    w, xs = const_array(node.inputs[1]), static_shape(node.inputs[0])
+    if w is None or w.ndim != 2 or w.dtype != np.float32 or xs is None or len(xs) < 2 or xs[-1] != w.shape[0]:
+        return None
+    return w
+
+
+def _bias_of(node: ir.Node, n: int) -> tuple[ir.Node, np.ndarray] | None:
+    """The Add of a constant [n] float32 bias that alone reads ``node``'s product."""
+    y = node.outputs[0]
+    if not single_use(y):
+        return None
+    add = y.uses()[0].node
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+        return None
+    other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+    b = const_array(other)
+    if b is None or b.dtype != np.float32 or b.shape != (n,) or static_shape(add.outputs[0]) != static_shape(y):
+        return None
+    return add, b
+
+
+def _merge_sibling_matmuls(graph: ir.Graph, stats: RewriteStats) -> bool:
+    """merge-sibling-matmuls (see the module docstring); returns whether the graph changed."""
+    from dlcc.passes.rewrite import NameGen
+
+    names = NameGen(graph)
+    order = {n: i for i, n in enumerate(graph)}
+    done: set[ir.Node] = set()
+    changed = False
+    for node in list(graph):
+        if node in done or _weight_product(node) is None:
+            continue
+        x = node.inputs[0]
+        sibs = sorted({u.node for u in x.uses() if u.idx == 0 and _weight_product(u.node) is not None},
+                      key=lambda n: order.get(n, -1))
+        done.update(sibs)
+        if len(sibs) < 2 or sibs[0] is not node:
+            continue
+        ws = [_weight_product(s) for s in sibs]
+        biases = [_bias_of(s, w.shape[1]) for s, w in zip(sibs, ws, strict=True)]
+        with_bias = all(b is not None for b in biases)
+        outs = [b[0].outputs[0] if with_bias else s.outputs[0] for s, b in zip(sibs, biases, strict=True)]
+        if any(o.is_graph_output() or static_shape(o) is None for o in outs):
+            continue
+        xs = static_shape(x)
+        width = sum(w.shape[1] for w in ws)
+
+        def const(array: np.ndarray, hint: str) -> ir.Value:
+            name = names.new(hint)
+            t = ir.tensor(array, name=name)
+            v = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(t.dtype), const_value=t)
+            graph.register_initializer(v)
+            return v
+
+        def value(hint: str, shape) -> ir.Value:
+            return ir.Value(name=names.new(hint), shape=ir.Shape(list(shape)), type=ir.TensorType(ir.DataType.FLOAT))
+
+        full = (*xs[:-1], width)
+        new = [ir.Node("", "MatMul", [x, const(np.concatenate(ws, axis=1), "merged_weight")],
+                       outputs=[value("merged_matmul", full)], name=names.new("n_MatMul"))]
+        y = new[0].outputs[0]
+        if with_bias:
+            bias = const(np.concatenate([b[1] for b in biases]), "merged_bias")
+            new.append(ir.Node("", "Add", [y, bias], outputs=[value("merged_out", full)], name=names.new("n_Add")))
+            y = new[-1].outputs[0]
+        slices, start = [], 0
+        axis = const(np.array([len(xs) - 1], np.int64), "merged_axis")
+        for o, w in zip(outs, ws, strict=True):
+            n = w.shape[1]
+            s = ir.Node("", "Slice", [y, const(np.array([start], np.int64), "merged_start"),
+                                      const(np.array([start + n], np.int64), "merged_end"), axis],
+                        outputs=[value("merged_part", static_shape(o))], name=names.new("n_Slice"))
+            new.append(s)
+            slices.append(s.outputs[0])
+            start += n
+        graph.insert_before(sibs[0], new)
+        for o, s in zip(outs, slices, strict=True):
+            o.replace_all_uses_with(s)
+        for s, b in zip(sibs, biases, strict=True):
+            if with_bias:
+                graph.remove(b[0], safe=True)
+            graph.remove(s, safe=True)
+        stats.fired["merge-sibling-matmuls"] += 1
+        changed = True
+    return changed
+
+
 # ------------------------------------------------------------------------------------------- grouped Conv
 
 
@@ -553,7 +859,8 @@ def replacement_rules(target: Target | str) -> list[Rule]:
     """The replacement rules for ``target``, channel-shuffle-to-idiom (a dlcc-domain root) included."""
     t = get_target(target)
     return [_bn_rule(t), _prelu_rule(t), _gemm_to_conv_rule(t), _matmul_to_conv_rule(t), _conv_to_gemm_rule(t),
-            _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t), _channel_shuffle_to_idiom_rule(t)]
+            _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t), _channel_shuffle_to_idiom_rule(t),
+            _attention_rule(t)]
 
 
 class OpReplacement(RulePass):
@@ -573,6 +880,8 @@ class OpReplacement(RulePass):
         changed = False
         if self.upgrade_opset_to is not None and _opset(model) < self.upgrade_opset_to:
             changed |= self._raise_opset(model, self.upgrade_opset_to, stats)
+        if self.target.prefer("siblings") == "merged" and _opset(model) >= 13:
+            changed |= _merge_sibling_matmuls(model.graph, stats)
         changed |= apply_rules(model, self.rules, stats=stats)
         changed |= _sync_dlcc_import(model)
         self.fired.update(stats.fired)

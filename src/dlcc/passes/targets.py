@@ -16,6 +16,9 @@ Preference keys (absent = no preference):
     "linear":           "conv"       Gemm / MatMul with a constant weight as a 1x1 Conv
                         "gemm"       a 1x1 Conv on a 1x1 spatial map as Flatten + Gemm
     "channel_shuffle":  "op"         the Reshape/Transpose/Reshape idiom as dlcc::ChannelShuffle
+    "attention":        "fused"      MatMul -> scale -> mask -> Softmax -> MatMul as one dlcc::Attention
+    "siblings":         "merged"     MatMuls of one input by constant weights (Q, K, V projections) as one
+                                     MatMul (+ one bias Add) and a Slice per former product
 
 Invariants: a target never prefers a form it cannot run (checked at construction), so a rule and its
 reverse cannot both apply for one target.
@@ -32,12 +35,15 @@ from dlcc.ops.table import C_BACKEND_OPS
 
 GROUPED_CONV = "Conv:grouped"
 CHANNEL_SHUFFLE = "dlcc::ChannelShuffle"
+ATTENTION = "dlcc::Attention"
 
 _PREFERENCES: dict[str, tuple[str, ...]] = {
     "batchnorm": ("mul_add",),
     "shared_prelu": ("LeakyRelu",),
     "linear": ("conv", "gemm"),
     "channel_shuffle": ("op",),
+    "attention": ("fused",),
+    "siblings": ("merged",),
 }
 
 
@@ -60,7 +66,8 @@ class Target:
             if value not in _PREFERENCES.get(key, ()):
                 raise ValueError(f"target {self.name}: unknown preference {key}={value!r}")
         needs = {"mul_add": ("Mul", "Add"), "LeakyRelu": ("LeakyRelu",), "conv": ("Conv", "Reshape"),
-                 "gemm": ("Gemm", "Flatten", "Reshape"), "op": (CHANNEL_SHUFFLE,)}
+                 "gemm": ("Gemm", "Flatten", "Reshape"), "op": (CHANNEL_SHUFFLE,),
+                 "fused": (ATTENTION,), "merged": ("MatMul", "Slice")}
         for value in self.prefers.values():
             missing = [op for op in needs[value] if not self.has(op)]
             if missing:
@@ -85,9 +92,11 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("onnx", None, {},
            "portable ONNX: every standard op, no preference (the default for `dlcc optimize`)"),
     Target("dlcc-c", DLCC_C_OPS,
-           {"batchnorm": "mul_add", "shared_prelu": "LeakyRelu", "linear": "gemm", "channel_shuffle": "op"},
+           {"batchnorm": "mul_add", "shared_prelu": "LeakyRelu", "linear": "gemm", "channel_shuffle": "op",
+            "attention": "fused", "siblings": "merged"},
            "dlcc's C backend: common CNN/transformer ops; BatchNormalization as Mul+Add, shared-slope PRelu "
-           "as LeakyRelu, classifier 1x1 Convs as Gemm, channel shuffles as one dlcc::ChannelShuffle"),
+           "as LeakyRelu, classifier 1x1 Convs as Gemm, channel shuffles as one dlcc::ChannelShuffle, "
+           "attention as one dlcc::Attention, sibling MatMuls of one input as one"),
     Target("conv-centric", None, {"linear": "conv"},
            "an example accelerator that runs everything as convolutions: Gemm/MatMul become 1x1 Convs"),
     Target("no-groups", None, {}, "an example target without grouped Conv: split into per-group Convs",

@@ -4,7 +4,8 @@ What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What
 program where each template step that needs scratch owns a ``temp`` buffer of that size (``Step.workspace``:
 a packed GEMM's panels (MatMul/Gemm with a weight B, group-1 2-D convolutions with a weight), the blocked
 direct convolution's channel-blocked input, the row kernel's staged input (every other Conv but the
-depthwise ones, and ConvTranspose: ``schedule.convrows``)), written by its kernel; the memory planner then
+depthwise ones, and ConvTranspose: ``schedule.convrows``), dlcc::Attention's per-thread K, V and probability
+rows (``schedule.attention``)), written by its kernel; the memory planner then
 places it in the arena with everything else, and codegen hands it to the template.
 """
 
@@ -17,6 +18,8 @@ import onnx_ir as ir
 
 from dlcc.errors import TemplateError
 from dlcc.lower.kir import Buffer, Program
+from dlcc.ops.attention import attention_attrs, attention_dims
+from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
 from dlcc.schedule.direct import direct_pays, plan_direct, trim_taps
 from dlcc.schedule.gemm import (
@@ -108,8 +111,21 @@ def _rows_bytes(node: ir.Node, target: Target, threads: int) -> int:
         return 0
 
 
+def _attention_bytes(node: ir.Node, target: Target, threads: int) -> int:
+    """dlcc::Attention: K transposed, V and a few rows of probabilities per thread (``schedule.attention``)."""
+    if len(node.inputs) < 3 or any(v is None or v.shape is None for v in node.inputs[:3]):
+        return 0
+    try:
+        b, h, sq, sk, d = attention_dims(*(_shape(v) for v in node.inputs[:3]), *attention_attrs(node_attr(node)))
+    except ValueError:
+        return 0
+    return attention_plan(b, h, sq, sk, d, target, threads).workspace_bytes
+
+
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
+    if node.op_type == "Attention" and node.domain == "dlcc":
+        return _attention_bytes(node, target, threads)
     if node.op_type == "ConvTranspose" and len(node.inputs) >= 2 and node.inputs[1] is not None:
         return _rows_bytes(node, target, threads)
     if node.op_type == "Conv" and len(node.inputs) >= 2 and node.inputs[1] is not None:

@@ -18,6 +18,10 @@ Invariants:
   architectures layer for layer at batch 1 and 224x224, with full-size weights (their parameter counts,
   BatchNormalization statistics excluded, equal torchvision's); they are not in ``KIT_MODELS`` (up to
   16M parameters and 24 GFLOP).
+- The real-size transformers (``gpt2_decoder_stack``: GPT-2 small, ``vit_b16``: ViT-B/16) are batch 1,
+  built as torch.onnx's TorchScript exporter shapes Hugging Face's GPT-2 and torchvision's ViT (opset 17
+  LayerNormalization, one fused QKV projection, constant head shapes), with weights ~ N(0, 0.02^2) as
+  Hugging Face initializes them; they are not in ``KIT_MODELS`` (86M parameters, 22 and 35 GFLOP).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "efficientnet_b0",
     "gelu_erf",
     "gelu_tanh",
+    "gpt2_decoder_stack",
     "layernorm_primitive",
     "mlp",
     "mobilenet_v2",
@@ -55,6 +60,7 @@ __all__ = [
     "shufflenet_v2",
     "squeezenet",
     "transformer_encoder_block",
+    "vit_b16",
 ]
 
 
@@ -459,6 +465,169 @@ def transformer_encoder_block(*, batch: Dim = 2, seq: int = 16, vocab: int = 100
         f = _linear(b, f, ffn, d_model, f"{p}ffn_out")
         h = _layernorm(b, b.op("Add", [h, f], f"{p}ffn_residual"), d_model, eps, f"{p}ffn_ln")
     b.output(h, "hidden", TensorProto.FLOAT, [batch, seq, d_model])
+    return b.model()
+
+
+# ------------------------------------------------------------------------ transformers at real sizes
+#
+# GPT-2 and ViT as the TorchScript exporter (torch.onnx, opset 17) shapes Hugging Face's eager GPT-2 and
+# torchvision's ViT at batch 1: LayerNormalization nodes, one fused QKV projection Split three ways,
+# constant head-split shapes. Weights as Hugging Face initializes them: normal with std 0.02 (biases too,
+# so that no Add of zeros is left for a compiler to delete), LayerNorm weight 1 and bias 0.
+
+_INIT_STD = 0.02
+
+
+def _normal(b: _Builder, base: str, shape: Sequence[int], std: float = _INIT_STD) -> str:
+    """An initializer drawn from N(0, std^2), float32."""
+    return b.init(base, b.rng.standard_normal(tuple(shape), dtype=np.float32) * np.float32(std))
+
+
+def _linear_normal(b: _Builder, x: str, d_in: int, d_out: int, base: str, std: float = _INIT_STD) -> str:
+    """MatMul by a [d_in, d_out] weight ~ N(0, std^2), then Add of a [d_out] bias ~ N(0, 0.02^2)."""
+    y = b.op("MatMul", [x, _normal(b, f"{base}_weight", [d_in, d_out], std)], f"{base}_matmul")
+    return b.op("Add", [y, _normal(b, f"{base}_bias", [d_out])], f"{base}_out")
+
+
+def _layer_norm_unit(b: _Builder, x: str, c: int, eps: float, base: str) -> str:
+    """LayerNormalization over the last axis with weight 1 and bias 0 (as freshly initialized)."""
+    return b.op("LayerNormalization", [x, b.init(f"{base}_weight", np.ones(c, np.float32)),
+                                       b.init(f"{base}_bias", np.zeros(c, np.float32))], base,
+                axis=-1, epsilon=eps)
+
+
+def _fused_qkv_attention(b: _Builder, x: str, seq: int, d_model: int, heads: int, base: str, *, scale: str,
+                         causal: str | None = None, out_std: float = _INIT_STD) -> str:
+    """Self-attention on x [1, seq, d_model] with one [d, 3d] input projection.
+
+    MatMul + Add to 3d -> Split [d, d, d] (axis -1) -> per part Reshape [1, seq, heads, dh] (a constant
+    shape) -> Transpose (0, 2, 1, 3) for q and v, (0, 2, 3, 1) for k (the exporter fuses K's transpose for
+    the product into the head transpose) -> [``scale="query"``: Mul q by 1/sqrt(dh)] -> MatMul(q, kT) ->
+    [``scale="scores"``: Div by sqrt(dh)] -> [with ``causal`` (bool [1, 1, seq, seq]): Where(causal, scores,
+    float32 min)] -> Softmax(axis -1) -> MatMul(p, v) -> Transpose (0, 2, 1, 3) -> Reshape [1, seq, d] ->
+    MatMul + Add (weight std ``out_std``).
+    """
+    if d_model % heads:
+        raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
+    if scale not in ("query", "scores"):
+        raise ValueError(f"scale must be 'query' or 'scores', not {scale!r}")
+    dh = d_model // heads
+    qkv = _linear_normal(b, x, d_model, 3 * d_model, f"{base}_qkv")
+    b.op("Split", [qkv, b.ints(f"{base}_split_sizes", [d_model] * 3)], f"{base}_split", n_out=3, axis=-1)
+    q, k, v = b.nodes[-1].output
+    split_shape = b.ints(f"{base}_split_shape", [1, seq, heads, dh])
+
+    def heads_of(t: str, name: str, perm: list[int]) -> str:
+        t = b.op("Reshape", [t, split_shape], f"{base}_{name}_heads")
+        return b.op("Transpose", [t], f"{base}_{name}_t", perm=perm)
+
+    q = heads_of(q, "q", [0, 2, 1, 3])  # [1, H, S, dh]
+    kt = heads_of(k, "k", [0, 2, 3, 1])  # [1, H, dh, S]
+    v = heads_of(v, "v", [0, 2, 1, 3])  # [1, H, S, dh]
+    if scale == "query":
+        q = b.op("Mul", [q, b.scalar(f"{base}_scale", 1.0 / math.sqrt(dh))], f"{base}_q_scaled")
+    scores = b.op("MatMul", [q, kt], f"{base}_scores")
+    if scale == "scores":
+        scores = b.op("Div", [scores, b.scalar(f"{base}_scale", math.sqrt(dh))], f"{base}_scaled")
+    if causal is not None:
+        scores = b.op("Where", [causal, scores, b.scalar(f"{base}_mask_value", float(np.finfo(np.float32).min))],
+                      f"{base}_masked")
+    probs = b.op("Softmax", [scores], f"{base}_probs", axis=-1)
+    ctx = b.op("MatMul", [probs, v], f"{base}_context")
+    ctx = b.op("Transpose", [ctx], f"{base}_context_t", perm=[0, 2, 1, 3])
+    ctx = b.op("Reshape", [ctx, b.ints(f"{base}_merge_shape", [1, seq, d_model])], f"{base}_merged")
+    return _linear_normal(b, ctx, d_model, d_model, f"{base}_proj", out_std)
+
+
+def gpt2_decoder_stack(*, seq: int = 128, d_model: int = 768, heads: int = 12, layers: int = 12, vocab: int = 1000,
+                       positions: int = 1024, eps: float = 1e-5, seed: int = 0) -> onnx.ModelProto:
+    """GPT-2 small (Hugging Face's eager GPT2Model, no past key/values), batch 1: input_ids int64 [1, seq]
+    -> hidden float [1, seq, d_model]. 86.6M parameters at the defaults (GPT-2's 124M less the 50257-token
+    vocabulary, here ``vocab`` 1000); 22.3 GFLOP at seq 128.
+
+    Token embedding Gather (wte [vocab, d]) + position embedding Gather (wpe [positions, d], constant ids
+    [1, seq]) + Add; per layer (pre-LN): LayerNormalization; attention as ``_fused_qkv_attention`` with the
+    scores Div by sqrt(dh) and the causal mask Where(tril bool constant [1, 1, seq, seq] shared by the
+    layers, scores, float32 min); Add (attention, residual); LayerNormalization; MatMul + Add to 4d;
+    GELU "gelu_new" as primitive ops (Pow 3, Mul 0.044715, Add, Mul sqrt(2/pi), Tanh, Add 1, Mul 0.5 x,
+    Mul); MatMul + Add back to d; Add (residual, MLP). Final LayerNormalization. Epsilon 1e-5. Weights
+    N(0, 0.02^2), the two c_proj weights of a layer N(0, (0.02 / sqrt(2 layers))^2), as Hugging Face
+    initializes GPT-2.
+
+    Where torch.onnx's TorchScript export of the real model differs (equivalent arithmetic): each Conv1D
+    is Reshape [-1, d] -> Gemm -> Reshape; Split has axis 2; the sqrt(dh) divisor is computed by
+    Pow/ConstantOfShape/Add; no-op Casts surround the Where and follow the Softmax.
+    """
+    if seq > positions:
+        raise ValueError(f"seq {seq} is longer than the {positions} positions")
+    b = _Builder("gpt2_decoder_stack", seed=seed)
+    ids = b.input("input_ids", TensorProto.INT64, [1, seq])
+    tok = b.op("Gather", [_normal(b, "wte", [vocab, d_model]), ids], "wte_emb", axis=0)
+    position_ids = b.init("position_ids", np.arange(seq, dtype=np.int64)[None, :])
+    pos = b.op("Gather", [_normal(b, "wpe", [positions, d_model]), position_ids], "wpe_emb", axis=0)
+    h = b.op("Add", [tok, pos], "emb")
+    causal = b.init("causal_mask", np.tril(np.ones((seq, seq), dtype=bool))[None, None])
+    proj_std = _INIT_STD / math.sqrt(2 * layers)
+    for i in range(layers):
+        p = f"h{i}"
+        a = _layer_norm_unit(b, h, d_model, eps, f"{p}_ln_1")
+        a = _fused_qkv_attention(b, a, seq, d_model, heads, f"{p}_attn", scale="scores", causal=causal,
+                                 out_std=proj_std)
+        h = b.op("Add", [a, h], f"{p}_residual_attn")
+        m = _layer_norm_unit(b, h, d_model, eps, f"{p}_ln_2")
+        m = _linear_normal(b, m, d_model, 4 * d_model, f"{p}_mlp_c_fc")
+        m = _gelu_tanh(b, m, f"{p}_mlp_act")
+        m = _linear_normal(b, m, 4 * d_model, d_model, f"{p}_mlp_c_proj", proj_std)
+        h = b.op("Add", [h, m], f"{p}_residual_mlp")
+    h = _layer_norm_unit(b, h, d_model, eps, "ln_f")
+    b.output(h, "hidden", TensorProto.FLOAT, [1, seq, d_model])
+    return b.model()
+
+
+def vit_b16(*, image: int = 224, patch: int = 16, d_model: int = 768, heads: int = 12, layers: int = 12,
+            mlp: int = 3072, classes: int = 1000, eps: float = 1e-6, seed: int = 0) -> onnx.ModelProto:
+    """ViT-B/16 (torchvision's vit_b_16, 86.57M parameters; 35.1 GFLOP at 224x224), batch 1: pixels float
+    [1, 3, image, image] -> logits [1, classes].
+
+    Patch embedding Conv (patch x patch, stride patch, bias) to d_model -> Reshape [1, d, n] (n =
+    (image / patch)^2) -> Transpose (0, 2, 1) -> Concat(class token [1, 1, d], patches) on axis 1 -> Add
+    position embedding [1, n + 1, d]; per layer (pre-LN): LayerNormalization; attention as
+    ``_fused_qkv_attention`` with q scaled by a Mul by 1/sqrt(dh) before the product (where the exported
+    scaled_dot_product_attention scales; the scores are not divided) and no mask; Add (attention, input);
+    LayerNormalization; MatMul + Add to ``mlp``; GELU (Erf form: Div sqrt(2), Erf, Add 1, Mul x, Mul 0.5);
+    MatMul + Add back; Add (x, MLP). Final LayerNormalization (epsilon 1e-6 throughout), Gather index 0 on
+    axis 1 (the class token) -> [1, d], MatMul + Add to ``classes``. Conv weight N(0, 1/fan_in) (as
+    torchvision), everything else N(0, 0.02^2), LayerNorm weight 1 and bias 0.
+
+    Where torch.onnx's TorchScript export of nn.MultiheadAttention differs (equivalent arithmetic): it
+    transposes to sequence-first around the attention, splits the in-projection by Reshape -> Unsqueeze
+    -> Transpose -> Squeeze -> Gather, computes the scale from Shape/Sqrt, multiplies q and kT each by
+    sqrt(scale), and the 2-D classifier Linear is a Gemm (transB 1).
+    """
+    if image % patch:
+        raise ValueError(f"image {image} is not a multiple of patch {patch}")
+    n = (image // patch) ** 2
+    b = _Builder("vit_b16", seed=seed)
+    x = b.input("pixels", TensorProto.FLOAT, [1, 3, image, image])
+    w = _normal(b, "conv_proj_weight", [d_model, 3, patch, patch], 1.0 / math.sqrt(3 * patch * patch))
+    x = b.op("Conv", [x, w, _normal(b, "conv_proj_bias", [d_model])], "conv_proj", dilations=[1, 1], group=1,
+             kernel_shape=[patch, patch], pads=[0, 0, 0, 0], strides=[patch, patch])
+    x = b.op("Reshape", [x, b.ints("patches_shape", [1, d_model, n])], "patches")
+    x = b.op("Transpose", [x], "patches_t", perm=[0, 2, 1])
+    x = b.op("Concat", [_normal(b, "class_token", [1, 1, d_model]), x], "tokens", axis=1)
+    x = b.op("Add", [x, _normal(b, "pos_embedding", [1, n + 1, d_model])], "embedded")
+    for i in range(layers):
+        p = f"encoder_layer_{i}"
+        y = _layer_norm_unit(b, x, d_model, eps, f"{p}_ln_1")
+        y = _fused_qkv_attention(b, y, n + 1, d_model, heads, f"{p}_self_attention", scale="query")
+        x = b.op("Add", [y, x], f"{p}_residual_attn")
+        y = _layer_norm_unit(b, x, d_model, eps, f"{p}_ln_2")
+        y = _gelu_erf(b, _linear_normal(b, y, d_model, mlp, f"{p}_mlp_0"), f"{p}_mlp_gelu")
+        y = _linear_normal(b, y, mlp, d_model, f"{p}_mlp_3")
+        x = b.op("Add", [x, y], f"{p}_residual_mlp")
+    x = _layer_norm_unit(b, x, d_model, eps, "encoder_ln")
+    x = b.op("Gather", [x, b.scalar("class_index", 0, np.int64)], "class_token_out", axis=1)
+    b.output(_linear_normal(b, x, d_model, classes, "heads_head"), "logits", TensorProto.FLOAT, [1, classes])
     return b.model()
 
 
