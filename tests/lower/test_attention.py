@@ -209,3 +209,25 @@ def test_attention_is_not_fused_for_the_onnx_target():
     optimize(m, level=3, target="onnx", emit=lambda s: None)
     assert not any(n.domain == "dlcc" for n in m.graph)
     assert sum(n.op_type == "MatMul" for n in m.graph) == 5  # the projections stay apart for portable ONNX
+
+
+@pytest.mark.parametrize("form", ["bert", "gpt2", "vit", "bhsd"])
+def test_attention_round_trips_to_standard_onnx(form):
+    """dlcc-c's rewrite, then the onnx target's attention-to-idiom: standard ONNX computing the same."""
+    import onnx_ir as ir
+
+    from dlcc.api import optimize
+
+    model = _attention_model(form=form)
+    m = ir.serde.deserialize_model(model)
+    optimize(m, level=3, target="dlcc-c", emit=lambda s: None)
+    assert any(n.op_type == "Attention" for n in m.graph)
+    optimize(m, level=3, target="onnx", emit=lambda s: None)
+    assert not any(n.domain == "dlcc" for n in m.graph) and "dlcc" not in m.opset_imports
+    rng = np.random.default_rng(2)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    proto = ir.serde.serialize_model(m).SerializeToString()
+    got = ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

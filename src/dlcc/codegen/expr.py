@@ -257,7 +257,16 @@ _binary("Or", "(({a}) || ({b}))")
 _binary("Xor", "((!!({a})) ^ (!!({b})))")
 
 
+def _const_scalar(v) -> float | None:
+    if v is None or v.const_value is None or v.const_value.size != 1:
+        return None
+    return float(v.const_value.numpy().reshape(-1)[0])
+
+
 def _pow(node, a, t):
+    e = _const_scalar(node.inputs[1]) if _is_float(t[0]) and len(node.inputs) > 1 else None
+    if e in (2.0, 3.0):  # x * x (* x), as onnxruntime computes these two: the loop stays vectorizable
+        return f"(({a[0]}) * ({a[0]}))" if e == 2.0 else f"((({a[0]}) * ({a[0]})) * ({a[0]}))"
     if not _is_float(t[0]):
         if _is_float(t[1]):  # int base, float exponent: computed in double, truncated (as onnxruntime)
             d2i = "dlcc_d2i_int64_t" if t[0] == "int64" else f"({ctype(t[0])})dlcc_d2i_int32_t"

@@ -95,7 +95,7 @@ class _Printer:
         if isinstance(x, Select):
             return f"(({self.e(x.cond)}) ? ({self.e(x.a)}) : ({self.e(x.b)}))"
         if isinstance(x, Bcast):
-            return f"((dlcc_vf){{0}} + ({self.e(x.value)}))"
+            return f"(({self.e(x.value)}) - (dlcc_vf){{0}})"  # x - 0 is x (also -0): a broadcast, no add
         if isinstance(x, Ptr):
             return f"({self.base(x.buf)} + {self.e(x.buf.layout.address(x.index))})"
         if isinstance(x, Call):

@@ -75,7 +75,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
     body = [f"const dlcc_vf b{q} = dlcc_vf_load(b + {q * lanes});" for q in range(nv)]
     for r in range(mr):
         fmas = " ".join(f"{acc[r][q]} += x{r} * b{q};" for q in range(nv))
-        body.append(f"{{ const dlcc_vf x{r} = (dlcc_vf){{0}} + a[{r}]; {fmas} }}")
+        body.append(f"{{ const float x{r} = a[{r}]; {fmas} }}")  # (scalar x vector: a broadcast load)
     body += [f"a += {mr};", f"b += {nr};"]
     lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
     name = f"gemm{'t' if transposed else ''}_{mr}x{nr}"
@@ -358,16 +358,16 @@ def _attn(sp: AttnSpec, lanes: int) -> str:
         lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
         if kind == "qk":
             loads = [f"const dlcc_vf b{c} = dlcc_vf_load(kt + e * {skp} + {start} + {c * L});" for c in range(n)]
-            bcast = [f"(dlcc_vf){{0}} + q{r}[e * {sp.qd}]" for r in range(qb)]
+            bcast = [f"q{r}[e * {sp.qd}]" for r in range(qb)]
             loop = f"for (int64_t e = 0; e < {sp.d}; ++e)"
         else:
             loads = [f"const dlcc_vf b{c} = dlcc_vf_load(vp + j * {dp} + {start} + {c * L});" for c in range(n)]
-            bcast = [f"(dlcc_vf){{0}} + p[{r * skp} + j]" for r in range(qb)]
+            bcast = [f"p[{r * skp} + j]" for r in range(qb)]
             loop = f"for (int64_t j = 0; j < {sp.sk}; ++j)"
         body = list(loads)
         for r in range(qb):
             fmas = " ".join(f"{acc[r][c]} += x{r} * b{c};" for c in range(n))
-            body.append(f"{{ const dlcc_vf x{r} = {bcast[r]}; {fmas} }}")
+            body.append(f"{{ const float x{r} = {bcast[r]}; {fmas} }}")
         lines.append(f"{loop} {{\n{indent(chr(10).join(body))}\n}}")
         if kind == "qk":
             lines += [f"dlcc_vf_store(p + {r * skp} + {start} + {c * L}, {acc[r][c]} * sc);"
@@ -377,7 +377,7 @@ def _attn(sp: AttnSpec, lanes: int) -> str:
             for r in range(qb):
                 st = []
                 for c in range(n):
-                    val = f"{acc[r][c]} * ((dlcc_vf){{0}} + rinv[{r}])"
+                    val = f"{acc[r][c]} * rinv[{r}]"
                     if vec:
                         st.append(f"dlcc_vf_store(o + (i0 + {r}) * {sp.os} + {start} + {c * L}, {val});")
                     else:

@@ -22,6 +22,8 @@ Rules (each computes the same function; "exact" rules keep every float operation
                              -> dlcc::Attention(Q, K, V[, mask]); a scalar Mul on Q or K^T joins the scale;
                              Q, K, V split into heads by Reshape + Transpose are read unsplit (layout code 0),
                              and so is the output when it is merged back by Transpose + Reshape
+    attention-to-idiom       dlcc::Attention -> Slice/Reshape/Transpose per operand, MatMul, Mul, [Where], [Add],
+                             Softmax, MatMul, [Transpose, Reshape] (targets that lack the op: standard ONNX out)
     merge-sibling-matmuls    MatMul(x, W_i) [+ b_i] for i < n (n >= 2, constant W_i of one K, the same x)
                              -> MatMul(x, [W_0 ... W_n-1]) [+ [b_0 ... b_n-1]] -> Slice per i (not a rule of
                              the driver: it replaces n roots at once; the Q, K, V projections become one GEMM
@@ -651,6 +653,70 @@ def _attention_rule(t: Target) -> Rule:
                 family="replace", exact=False, input_ops=frozenset({"Softmax"}))
 
 
+def _attention_to_idiom_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        return {} if node.domain == DLCC_DOMAIN else None
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        from dlcc.ops.attention import attention_attrs, attention_dims
+
+        if t.has(ATTENTION):
+            return "target supports dlcc::Attention"
+        shapes = [static_shape(v) for v in node.inputs[:3]]
+        if len(node.inputs) < 3 or any(s is None for s in shapes):
+            return "shapes unknown"
+        m["attrs"] = attention_attrs(lambda n, d: attr(node, n, d))
+        try:
+            m["dims"] = attention_dims(*shapes, *m["attrs"])
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b_: Builder):
+        heads, layout, _, offsets = m["attrs"]
+        b, h, sq, sk, d = m["dims"]
+
+        def ints(vals, hint):
+            return b_.const(np.array(vals, np.int64), hint)
+
+        def split(x: ir.Value, code: int, off: int, perm: list[int]) -> ir.Value:
+            """Q or V as [B, H, S, D], K as K^T [B, H, D, S] (``perm``: the head Transpose of a code-0 operand)."""
+            keys = perm == [0, 2, 3, 1]
+            if code == 1 and keys:
+                return b_.op("Transpose", [x], {"perm": [0, 1, 3, 2]}, hint="attn_kt")
+            if code != 0:
+                return x
+            s = static_shape(x)
+            if off or s[2] != h * d:
+                x = b_.op("Slice", [x, ints([off], "start"), ints([off + h * d], "end"), ints([2], "axis")],
+                          hint="attn_cols")
+            return b_.op("Transpose", [b_.op("Reshape", [x, ints([s[0], s[1], h, d], "shape")], hint="attn_heads")],
+                         {"perm": perm}, hint="attn_heads_t")
+
+        q = split(node.inputs[0], layout[0], offsets[0], [0, 2, 1, 3])
+        kt = split(node.inputs[1], layout[1], offsets[1], [0, 2, 3, 1])
+        v = split(node.inputs[2], layout[2], offsets[2], [0, 2, 1, 3])
+        s = b_.op("Mul", [b_.op("MatMul", [q, kt], hint="attn_scores"),
+                          b_.const(np.array(attr(node, "scale", 1.0), np.float32), "scale")], hint="attn_scaled")
+        if attr(node, "causal", 0):
+            tril = np.tril(np.ones((sq, sk), dtype=bool), k=sk - sq)
+            s = b_.op("Where", [b_.const(tril, "causal"), s,
+                                b_.const(np.array(attr(node, "fill", 0.0), np.float32), "fill")], hint="attn_causal")
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            s = b_.op("Add", [s, node.inputs[3]], hint="attn_masked")
+        p = b_.op("Softmax", [s], {"axis": -1}, hint="attn_probs")
+        y = b_.op("MatMul", [p, v], hint="attn_context", dtype=ir.DataType.FLOAT, shape=[b, h, sq, d])
+        if layout[3] == 0:
+            y = b_.op("Reshape", [b_.op("Transpose", [y], {"perm": [0, 2, 1, 3]}, hint="attn_context_t"),
+                                  ints([b, sq, h * d], "shape")], hint="attention", dtype=ir.DataType.FLOAT,
+                      shape=[b, sq, h * d])
+        return [y]
+
+    return Rule("attention-to-idiom", ("Attention",), pattern, check, rewrite, min_opset=13,
+                doc="dlcc::Attention -> MatMul/Mul/Where/Add/Softmax/MatMul with the head Reshape/Transposes "
+                    "(standard ONNX)", family="replace", exact=False, domain=DLCC_DOMAIN)
+
+
 # ------------------------------------------------------------------------------------ sibling MatMuls
 
 
@@ -860,7 +926,7 @@ def replacement_rules(target: Target | str) -> list[Rule]:
     t = get_target(target)
     return [_bn_rule(t), _prelu_rule(t), _gemm_to_conv_rule(t), _matmul_to_conv_rule(t), _conv_to_gemm_rule(t),
             _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t), _channel_shuffle_to_idiom_rule(t),
-            _attention_rule(t)]
+            _attention_rule(t), _attention_to_idiom_rule(t)]
 
 
 class OpReplacement(RulePass):
