@@ -196,9 +196,10 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bo
 def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "gemm",
               fresh: Callable[[str], str] = str) -> Func:
     """The loop IR of ``C = A @ B`` following ``p`` (module docstring): ``a`` (M x K, any strides), ``bp``
-    (B packed: col_panels x K x nr), ``c`` (M x N, row stride N), ``ws`` (the declared workspace, threads x
-    workspace_floats). With ``epilogue``, every finished tile is handed to the fused epilogue while it is
-    in L1. ``fresh`` names the loop variables."""
+    (B packed by ``pack_b``: col_panels x K x nr; or 1-D, packed with the plan's kc: K block by K block, so
+    that the B a K block reads is one contiguous stream from memory), ``c`` (M x N, row stride N), ``ws`` (the
+    declared workspace, threads x workspace_floats). With ``epilogue``, every finished tile is handed to the
+    fused epilogue while it is in L1. ``fresh`` names the loop variables."""
     N, MR, KC = p.n, p.mr, p.kc
     NK, T = p.k_blocks, p.threads
     t, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "pc", "jb", "ib", "jp", "kk", "r", "j"))
@@ -209,8 +210,9 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     pack = For(ib, rb0, rb1, (For(kk, Const(0), kcv, (
         For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),)),))
 
-    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), Ptr(bp, (jp, k0, Const(0))), c, Const(N), cols,
-                   epilogue)
+    bptr = Ptr(bp, (simplify(pc * (KC * p.col_panels * p.nr) + jp * kcv * p.nr),)) if len(bp.shape) == 1 \
+        else Ptr(bp, (jp, k0, Const(0)))
+    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), bptr, c, Const(N), cols, epilogue)
     jfirst = cb0 + jb * p.nc
     jlast = Bin("min", cb1, jfirst + p.nc)
     nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
@@ -221,15 +223,18 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     return Func(name, (a, bp, c), (Alloc(ws, body),), (ws,))
 
 
-def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
-    """B (K x N) as column micro-panels (ceil(N/nr) x K x nr), zero beyond column N."""
+def pack_b(b: np.ndarray, nr: int, kc: int | None = None) -> np.ndarray:
+    """B (K x N) as column micro-panels (ceil(N/nr) x K x nr), zero beyond column N; with ``kc``, 1-D: for each
+    K block of kc rows (the last one shorter), that block of every micro-panel (panels x kc x nr)."""
     k, n = b.shape
     panels = -(-n // nr)
     out = np.zeros((panels, k, nr), dtype=np.float32)
     for q in range(panels):
         w = min(nr, n - q * nr)
         out[q, :, :w] = b[:, q * nr:q * nr + w]
-    return out
+    if kc is None:
+        return out
+    return np.concatenate([out[:, k0:k0 + kc, :].reshape(-1) for k0 in range(0, k, kc)])
 
 
 def gemm_dims(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...], b_const: bool, attrs: dict) -> \

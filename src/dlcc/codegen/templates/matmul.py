@@ -99,7 +99,7 @@ class _Gemm:
         aref, rs, cs = self.a_rows
         names = call.names
         a = Buf(aref.ptr, "float32", Layout.strided((rows, self.k), (rs, cs), aref.offset))
-        packed = call.packed(pack_b(self.b_const.reshape(self.k, self.n), plan.nr))
+        packed = call.packed(pack_b(self.b_const.reshape(self.k, self.n), plan.nr, plan.kc))
         bp = Buf(packed.ptr, "float32", Layout.strided(packed.shape))
         cb = Buf(c.ptr, "float32", Layout.strided((rows, self.n), (self.n, 1), c.offset))
         wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
@@ -174,7 +174,7 @@ def _verify_packed_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bo
     a = Buf("a", "float32", Layout.strided((plan.m, plan.k), (rs, cs)))
     if a.layout.span > span:
         raise TemplateError("internal: A's rows overlap")
-    bp = Buf("b", "float32", Layout.strided((plan.col_panels, plan.k, plan.nr)))
+    bp = Buf("b", "float32", Layout.strided((plan.col_panels * plan.k * plan.nr,)))  # (packed K block by K block)
     c = Buf("c", "float32", Layout.strided((plan.m, plan.n)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     verify_func(gemm_func(plan, a, bp, c, ws, epilogue))
