@@ -64,21 +64,22 @@ from dlcc.testing.harness import prelude, runnable_targets
 TINY = dataclasses.replace(get_target("x86-64-v4"), l1d_bytes=2048, l2_bytes=16384)
 
 
-def _gemm(m, n, k, threads, *, tm=None, tn=None, epilogue=True, target=TINY):
+def _gemm(m, n, k, threads, *, tm=None, tn=None, epilogue=True, target=TINY, blocked=False):
     p = plan_gemm(m, n, k, target, threads)
     if tm or tn:
         p = dataclasses.replace(p, tm=tm or 1, tn=tn or 1)
     a = Buf("a", "float32", Layout.strided((m, k)))
-    bp = Buf("bp", "float32", Layout.strided((p.col_panels, k, p.nr)))
+    bp = Buf("bp", "float32", Layout.strided((p.col_panels * k * p.nr,) if blocked else (p.col_panels, k, p.nr)))
     c = Buf("c", "float32", Layout.strided((m, n)))
     ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
     return p, gemm_func(p, a, bp, c, ws, epilogue)
 
 
+@pytest.mark.parametrize("blocked", [False, True])  # B packed panel by panel, or K block by K block
 @pytest.mark.parametrize("m,n,k,tm,tn", [(30, 40, 50, 1, 1), (30, 40, 50, 2, 1), (3, 70, 20, 1, 2),
                                          (29, 64, 33, 1, 1), (1, 8, 1, 1, 1), (45, 100, 130, 3, 1)])
-def test_gemm_loop_ir_matches_numpy(m, n, k, tm, tn):
-    p, f = _gemm(m, n, k, tm * tn, tm=tm, tn=tn)
+def test_gemm_loop_ir_matches_numpy(m, n, k, tm, tn, blocked):
+    p, f = _gemm(m, n, k, tm * tn, tm=tm, tn=tn, blocked=blocked)
     assert p.k_blocks > 1 or k < 64
     verify_func(f)
     rng = np.random.default_rng(0)
@@ -86,7 +87,8 @@ def test_gemm_loop_ir_matches_numpy(m, n, k, tm, tn):
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = np.full(m * n, np.nan, np.float32)
     seen = []
-    run_func(f, {"a": a.ravel().copy(), "bp": pack_b(b, p.nr).ravel(), "c": c}, lambda i, v: seen.append(i))
+    bp = pack_b(b, p.nr, p.kc if blocked else None).ravel()
+    run_func(f, {"a": a.ravel().copy(), "bp": bp, "c": c}, lambda i, v: seen.append(i))
     np.testing.assert_allclose(c.reshape(m, n), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
     assert sorted(seen) == [(i, j) for i in range(m) for j in range(n)]  # each element once, after its last K block
 

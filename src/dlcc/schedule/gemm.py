@@ -210,9 +210,8 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     pack = For(ib, rb0, rb1, (For(kk, Const(0), kcv, (
         For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),)),))
 
-    bptr = Ptr(bp, (simplify(pc * (KC * p.col_panels * p.nr) + jp * kcv * p.nr),)) if len(bp.shape) == 1 \
-        else Ptr(bp, (jp, k0, Const(0)))
-    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), bptr, c, Const(N), cols, epilogue)
+    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), _panel(p, bp, pc, jp, k0, kcv), c, Const(N), cols,
+                   epilogue)
     jfirst = cb0 + jb * p.nc
     jlast = Bin("min", cb1, jfirst + p.nc)
     nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
@@ -319,7 +318,7 @@ def plan_gemm_conv(co: int, g: ConvGeometry, batch: int, target: Target, threads
 def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool,
                    name: str = "conv_gemm", fresh: Callable[[str], str] = str) -> Func:
     """The loop IR of a convolution ``c[b, co, pix] = sum_k W[co, k] * im2col(x[b])[pix, k]``: ``x`` (N, Ci,
-    H, W), ``wp`` the weight as B (K x Co) packed by ``pack_b``, ``c`` (N, Co, P) with unit pixel stride.
+    H, W), ``wp`` the weight as B (K x Co) packed by ``pack_b`` (either form), ``c`` (N, Co, P) with unit pixel stride.
     Per image, K block and row micro-panel of pixels, the panel's im2col values are gathered into the
     thread's workspace (zero in the padding, read through clamped indices), then every column micro-panel
     of output channels runs the transposed-store micro-kernel against it."""
@@ -361,7 +360,7 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
         name_ = im2col_micro(g.h, g.w, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, xd[1][3], xd[2][3], MR)
         pack = Micro(name_, (kcv, k0, ib * MR, rows, Ptr(x, (b, Const(0), Const(0), Const(0))), Ptr(ws, (base,))))
 
-    tiles = _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ws, (base,)), Ptr(wp, (jp, k0, Const(0))), c,
+    tiles = _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ws, (base,)), _panel(p, wp, pc, jp, k0, kcv), c,
                    Const(c.layout.dims[1][3]), cols, epilogue, transposed=True)
     if shared:
         # phase 1: the threads gather row panels (all of K) into the shared workspace; phase 2: each runs
@@ -490,6 +489,14 @@ def _thread_ranges(p: GemmPlan, tv: Expr) -> tuple[Expr, Expr, Expr, Expr]:
     rb0, rb1 = (tv * MB // p.tm, (tv + 1) * MB // p.tm) if p.tm > 1 else (Const(0), Const(MB))
     cb0, cb1 = (tv * NP // p.tn, (tv + 1) * NP // p.tn) if p.tn > 1 else (Const(0), Const(NP))
     return simplify(rb0), simplify(rb1), simplify(cb0), simplify(cb1)
+
+
+def _panel(p: GemmPlan, bp: Buf, pc: Var, jp: Var, k0: Expr, kcv: Expr) -> Ptr:
+    """Where K block ``pc`` of B's column micro-panel ``jp`` starts: ``bp`` packed by ``pack_b`` (3-D), or with
+    the plan's kc (1-D: K block by K block)."""
+    if len(bp.shape) == 1:
+        return Ptr(bp, (simplify(pc * (p.kc * p.col_panels * p.nr) + jp * kcv * p.nr),))
+    return Ptr(bp, (jp, k0, Const(0)))
 
 
 def _edges(p: GemmPlan, pc: Var, ib: Var, jp: Var) -> tuple[Expr, Expr, Expr, Expr]:

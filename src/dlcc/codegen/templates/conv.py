@@ -236,7 +236,7 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
     if plan.workspace_bytes > 4 * ws.size:
         return None
     names = call.names
-    bpk = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr))
+    bpk = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
     wp = Buf(bpk.ptr, "float32", Layout.strided(bpk.shape))
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     cb = Buf(c.ptr, "float32", Layout.strided((N, M, P), (M * P, P, 1), c.offset))
@@ -294,7 +294,7 @@ def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], s
                       epilogue: bool, ws_floats: int) -> None:
     """verify_func on the loop IR of ``plan`` (the same for every convolution with this geometry)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
-    wp = Buf("w", "float32", Layout.strided((plan.col_panels, plan.k, plan.nr)))
+    wp = Buf("w", "float32", Layout.strided((plan.col_panels * plan.k * plan.nr,)))  # (K block by K block)
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.n, plan.m)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue))
