@@ -122,6 +122,24 @@ def _ulp_errors(got: np.ndarray, x: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return err
 
 
+def test_expneg_within_2_ulp_and_zero_below_the_normal_range(tmp_path):
+    """dlcc_vm_expneg (a softmax's exp of x - max): within 2 ulp where exp is normal, 0 below, NaN passes."""
+    src = tmp_path / "expneg.c"
+    src.write_text(PRELUDE + C_TEXT + _loops(("dlcc_vm_expneg",)))
+    compile_files(compiler(), flags_for("native"), [src], tmp_path / "expneg.so", tmp_path)
+    lib = ctypes.CDLL(str(tmp_path / "expneg.so"))
+    lo, hi = np.array([-87.33, 88.0], np.float32)
+    sweep = np.concatenate([_sweep(), _specials()])
+    x = sweep[(sweep >= lo) & (sweep <= hi)]
+    x = np.concatenate([x, np.linspace(-87.33, 0.0, 200001, dtype=np.float32)])
+    err = _ulp_errors(_run(lib, "dlcc_vm_expneg", x), x, np.exp(x.astype(np.float64)))
+    worst = int(np.argmax(err))
+    assert err[worst] <= 2.0, f"expneg({x[worst]!r}): {err[worst]} ulp"
+    special = np.array([-87.34, -100.0, -np.inf, np.nan, 0.0, -0.0], np.float32)
+    got = _run(lib, "dlcc_vm_expneg", special)
+    assert list(got[:3]) == [0.0, 0.0, 0.0] and np.isnan(got[3]) and list(got[4:]) == [1.0, 1.0]
+
+
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_within_2_ulp(lib, name):
     x = np.concatenate([_sweep(), _specials()])

@@ -52,7 +52,8 @@ from dlcc.lower.lir import (
 
 __all__ = ["C_CALLS", "print_c"]
 
-C_CALLS = {"exp": "dlcc_expf", "expm1": "dlcc_expm1f", "log": "dlcc_logf", "log1p": "dlcc_log1pf", "tanh": "dlcc_tanhf",
+C_CALLS = {"exp": "dlcc_expf", "expneg": "dlcc_vm_expneg",
+           "expm1": "dlcc_expm1f", "log": "dlcc_logf", "log1p": "dlcc_log1pf", "tanh": "dlcc_tanhf",
            "sigmoid": "dlcc_sigmoidf", "sqrt": "sqrtf", "abs": "fabsf", "pow": "powf"}
 
 Index = Callable[[Sequence[str]], str]

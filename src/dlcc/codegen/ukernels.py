@@ -389,13 +389,19 @@ def _attn(sp: AttnSpec, lanes: int) -> str:
         return "{\n" + indent("\n".join(lines)) + "\n}"
 
     def chunks(kind: str, nvec: int, var: str) -> list[str]:
-        full, tail = nvec // nv, nvec % nv
-        out = []
-        if full:
-            out.append(f"for (int64_t {var} = 0; {var} < {full * nv * L}; {var} += {nv * L}) "
-                       + tile(kind, nv, var))
-        if tail:
-            out.append(tile(kind, tail, str(full * nv * L)))
+        """The nvec vectors in as few tiles of at most nv vectors as can be, of balanced widths (13 vectors:
+        4, 3, 3, 3 rather than 4, 4, 4, 1)."""
+        n = -(-nvec // nv)
+        q, rem = divmod(nvec, n)
+        out, start = [], 0
+        for width, count in ((q + 1, rem), (q, n - rem)):
+            if count == 1:
+                out.append(tile(kind, width, str(start)))
+            elif count > 1:
+                stop = start + count * width * L
+                out.append(f"for (int64_t {var} = {start}; {var} < {stop}; {var} += {width * L}) "
+                           + tile(kind, width, var))
+            start += count * width * L
         return out
 
     mask = ""
@@ -449,7 +455,7 @@ def _attn(sp: AttnSpec, lanes: int) -> str:
             for (int64_t l = 0; l < {L}; ++l) lane[l] = 0.0f;
             for (int64_t jv = 0; jv < {skp}; jv += {L}) {{
                 for (int64_t l = 0; l < {L}; ++l) {{
-                    const float e = dlcc_expf(pr[jv + l] - mx);
+                    const float e = dlcc_vm_expneg(pr[jv + l] - mx);
                     pr[jv + l] = e;
                     lane[l] += e;
                 }}

@@ -69,6 +69,7 @@ STORED = ("int32", "int8", "uint8", "bool")  # further element types of tensors 
 # Call(fn, args): the float32 math functions (their C forms are codegen's: dlcc.codegen.vmath where it has them)
 CALLS: dict[str, tuple[int, Callable]] = {
     "exp": (1, np.exp), "expm1": (1, np.expm1), "log": (1, np.log), "log1p": (1, np.log1p), "tanh": (1, np.tanh),
+    "expneg": (1, lambda x: np.where(x < -87.33, 0.0, np.exp(x))),  # (a softmax's x - max: no subnormals)
     "sigmoid": (1, lambda x: 1 / (1 + np.exp(-x))), "sqrt": (1, np.sqrt), "abs": (1, np.abs), "pow": (2, np.power),
 }
 

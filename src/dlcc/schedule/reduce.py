@@ -181,10 +181,10 @@ def _plan(spec: RowOp) -> tuple[list[Pass], FinishReduce | None, FinishElem | No
     if op in ("Softmax", "LogSoftmax"):
         m = Pass("m", _f32(-math.inf), _max, _max)
         if op == "Softmax":
-            s = Pass("s", _f32(0.0), _add, _add, transform=lambda v, g: Call("exp", (v - g("m"),)),
+            s = Pass("s", _f32(0.0), _add, _add, transform=lambda v, g: Call("expneg", (v - g("m"),)),
                      after=lambda a, g: _f32(1.0) / a)
-            return [m, s], None, lambda x, g, cached, idx: (x if cached else Call("exp", (x - g("m"),))) * g("s")
-        s = Pass("s", _f32(0.0), lambda a, v, g: a + Call("exp", (v - g("m"),)), _add,
+            return [m, s], None, lambda x, g, cached, idx: (x if cached else Call("expneg", (x - g("m"),))) * g("s")
+        s = Pass("s", _f32(0.0), lambda a, v, g: a + Call("expneg", (v - g("m"),)), _add,
                  after=lambda a, g: Call("log", (a,)) + g("m"))
         return [m, s], None, lambda x, g, cached, idx: x - g("s")
     if op == "LayerNormalization":
@@ -202,7 +202,7 @@ def _plan(spec: RowOp) -> tuple[list[Pass], FinishReduce | None, FinishElem | No
         return [ss], None, lambda x, g, cached, idx: x * g("ss") * param(1, idx)
     if op == "ReduceLogSumExp":
         m = Pass("m", _f32(-math.inf), _max, _max)
-        s = Pass("s", _f32(0.0), lambda a, v, g: a + Call("exp", (v - g("m"),)), _add)
+        s = Pass("s", _f32(0.0), lambda a, v, g: a + Call("expneg", (v - g("m"),)), _add)
         # an all -inf row gives log(0) + -inf = -inf, like numpy; an infinite max is the result (inf - inf = nan)
         return [m, s], lambda g: Select(Bin("<", Call("abs", (g("m"),)), _f32(math.inf)),
                                         Call("log", (g("s"),)) + g("m"), g("m")), None
