@@ -130,10 +130,10 @@ def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmP
     row_blocks = -(-m // mr)
     tm = tn = 1
     if threads > 1 and 2.0 * m * n * k >= 2e6:
-        if row_blocks >= threads:
-            tm = threads
-        else:
-            tn = min(threads, panels)
+        # the split whose busiest thread has the fewest tiles, rows first on a tie (each thread then packs only
+        # its rows of A): 3 row micro-panels of 72 column panels (BERT at sequence 32) go by columns
+        tm, tn = min([(threads, 1), (1, min(threads, panels))],
+                     key=lambda s: -(-row_blocks // s[0]) * -(-panels // s[1]))
     return GemmPlan(m, n, k, mr, nr, kc, nc, tm, tn)
 
 
