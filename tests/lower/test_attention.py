@@ -231,3 +231,45 @@ def test_attention_round_trips_to_standard_onnx(form):
     proto = ir.serde.serialize_model(m).SerializeToString()
     got = ort.InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _onnx_attention_model(*, rank: int, causal: int, mask: str | None, b=2, h=3, s=9, d=8, scale=None):
+    """One opset-23 Attention op on graph inputs q, k, v (rank 4: [b, h, s, d]; rank 3: [b, s, h*d] with
+    q_num_heads/kv_num_heads), an optional constant mask (``"bool"`` [s, s] keep-mask, ``"float"`` [b, 1, s, s])."""
+    shape = [b, h, s, d] if rank == 4 else [b, s, h * d]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("q", "k", "v")]
+    inits, names = [], ["q", "k", "v"]
+    rng = np.random.default_rng(4)
+    if mask == "bool":
+        keep = rng.random((s, s)) > 0.3
+        keep[:, 0] = True  # no fully masked row
+        inits.append(onnx.numpy_helper.from_array(keep, "mask"))
+        names.append("mask")
+    elif mask == "float":
+        inits.append(onnx.numpy_helper.from_array((rng.standard_normal((b, 1, s, s)) * 2).astype(np.float32), "mask"))
+        names.append("mask")
+    attrs = {"is_causal": causal}
+    if rank == 3:
+        attrs.update(q_num_heads=h, kv_num_heads=h)
+    if scale is not None:
+        attrs["scale"] = scale
+    node = helper.make_node("Attention", names, ["y"], **attrs)
+    graph = helper.make_graph([node], "attention23", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                             shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+@pytest.mark.parametrize("rank,causal,mask,scale", [(4, 0, None, None), (3, 1, "bool", None), (4, 1, "float", 0.3),
+                                                    (3, 0, "float", None)])
+def test_onnx_attention_op_fuses_and_matches_onnxruntime(rank, causal, mask, scale):
+    model = _onnx_attention_model(rank=rank, causal=causal, mask=mask, scale=scale)
+    onnx.checker.check_model(model)
+    cm = dlcc.compile(model, threads=2)
+    assert [k["ops"] for k in cm.info["per_kernel"]] == ["Attention"]
+    rng = np.random.default_rng(6)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = cm(**feeds)
+    got = next(iter(got.values())) if isinstance(got, dict) else got
+    assert np.abs(np.asarray(got) - want).max() <= 1e-4 * np.abs(want).max() + 1e-6

@@ -22,6 +22,9 @@ Rules (each computes the same function; "exact" rules keep every float operation
                              -> dlcc::Attention(Q, K, V[, mask]); a scalar Mul on Q or K^T joins the scale;
                              Q, K, V split into heads by Reshape + Transpose are read unsplit (layout code 0),
                              and so is the output when it is merged back by Transpose + Reshape
+    onnx-attention-to-op     Attention (opset 23: no past key/value, softcap or extra outputs, as many key/value
+                             heads as query heads, V's head size Q's, causal only when Sq = Sk) ->
+                             dlcc::Attention (a boolean mask becomes Where(mask, 0, -inf))
     attention-to-idiom       dlcc::Attention -> Slice/Reshape/Transpose per operand, MatMul, Mul, [Where], [Add],
                              Softmax, MatMul, [Transpose, Reshape] (targets that lack the op: standard ONNX out)
     merge-sibling-matmuls    MatMul(x, W_i) [+ b_i] for i < n (n >= 2, constant W_i of one K, the same x)
@@ -653,6 +656,73 @@ def _attention_rule(t: Target) -> Rule:
                 family="replace", exact=False, input_ops=frozenset({"Softmax"}))
 
 
+def _onnx_attention_rule(t: Target) -> Rule:
+    def pattern(node: ir.Node) -> dict | None:
+        return {}
+
+    def check(node: ir.Node, m: dict) -> str | None:
+        if not (t.has(ATTENTION) and t.prefer("attention") == "fused"):
+            return "target does not fuse attention"
+        ins = list(node.inputs) + [None] * (6 - len(node.inputs))
+        if ins[4] is not None or ins[5] is not None:
+            return "past key/value"
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return "present key/value or the QK product are used"
+        if attr(node, "softcap", 0.0) or attr(node, "qk_matmul_output_mode", 0):
+            return "softcap or a QK output mode"
+        q, k, v = (static_shape(x) for x in ins[:3])
+        if q is None or k is None or v is None or any(x.dtype != ir.DataType.FLOAT for x in ins[:3]):
+            return "not float32 static shapes"
+        if len(q) == 4 and len(k) == 4 and len(v) == 4:
+            b, h, sq, d = q
+            if k[:2] != (b, h) or v[:2] != (b, h) or k[3] != d or v[3] != d or k[2] != v[2]:
+                return "grouped heads or another V head size"
+            sk, layout = k[2], [1, 1, 1, 1]
+        elif len(q) == 3 and len(k) == 3 and len(v) == 3:
+            h = attr(node, "q_num_heads", 0)
+            if not h or attr(node, "kv_num_heads", 0) != h or q[2] % h or k[2] != q[2] or v[2] != q[2]:
+                return "grouped heads or another V head size"
+            b, sq, d = q[0], q[1], q[2] // h
+            sk, layout = k[1], [0, 0, 0, 0]
+            if k[0] != b or v[0] != b or v[1] != sk:
+                return "batch or keys disagree"
+        else:
+            return "Q, K, V ranks"
+        causal = int(attr(node, "is_causal", 0))
+        if causal and sq != sk:
+            return "causal with another number of queries than keys (upper-left alignment)"
+        mask = ins[3]
+        if mask is not None:
+            ms = static_shape(mask)
+            full = (b, h, sq, sk)
+            if (ms is None or len(ms) > 4 or mask.dtype not in (ir.DataType.FLOAT, ir.DataType.BOOL)
+                    or any(a not in (1, f) for a, f in zip(ms, full[4 - len(ms):], strict=True))):
+                return "mask does not broadcast to the scores"
+        scale = attr(node, "scale", None)
+        m.update(layout=layout, heads=h, causal=causal, mask=mask,
+                 scale=float(scale) if scale is not None else float(1.0 / np.sqrt(np.float32(d))))
+        return None
+
+    def rewrite(node: ir.Node, m: dict, b_: Builder):
+        inputs = list(node.inputs[:3])
+        mask = m["mask"]
+        if mask is not None:
+            if mask.dtype == ir.DataType.BOOL:
+                mask = b_.op("Where", [mask, b_.const(np.array(0.0, np.float32), "zero"),
+                                       b_.const(np.array(-np.inf, np.float32), "minus_inf")], hint="attn_mask",
+                             dtype=ir.DataType.FLOAT, shape=_shape_of(mask))
+            inputs.append(mask)
+        attrs = {"num_heads": m["heads"], "scale": m["scale"], "causal": m["causal"], "fill": float("-inf"),
+                 "layout": m["layout"]}
+        y = node.outputs[0]
+        out = b_.op("Attention", inputs, attrs, domain=DLCC_DOMAIN, hint="attention", dtype=y.dtype,
+                    shape=_shape_of(y))
+        return [out] + [None] * (len(node.outputs) - 1)
+
+    return Rule("onnx-attention-to-op", ("Attention",), pattern, check, rewrite, min_opset=23,
+                doc="Attention (opset 23) -> dlcc::Attention", family="replace", exact=False)
+
+
 def _attention_to_idiom_rule(t: Target) -> Rule:
     def pattern(node: ir.Node) -> dict | None:
         return {} if node.domain == DLCC_DOMAIN else None
@@ -926,7 +996,7 @@ def replacement_rules(target: Target | str) -> list[Rule]:
     t = get_target(target)
     return [_bn_rule(t), _prelu_rule(t), _gemm_to_conv_rule(t), _matmul_to_conv_rule(t), _conv_to_gemm_rule(t),
             _channel_shuffle_to_op_rule(t), _grouped_conv_rule(t), _channel_shuffle_to_idiom_rule(t),
-            _attention_rule(t), _attention_to_idiom_rule(t)]
+            _attention_rule(t), _onnx_attention_rule(t), _attention_to_idiom_rule(t)]
 
 
 class OpReplacement(RulePass):
