@@ -28,6 +28,7 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (1, 32, 7, 7, 96, 3, 1, 1, 1, 2),  # 7-wide rows: 4-vector tiles, threads over channel tiles
     (1, 40, 14, 14, 48, 1, 1, 1, 0, 2),  # 1x1 on a small plane
     (1, 24, 13, 13, 40, 1, 2, 1, 0, 1),  # strided 1x1
+    (1, 16, 20, 20, 32, 3, 1, 8, 8, 2),  # dilation 8 on 20 columns: row and column segments of 2, 3, 2 taps
 ]
 
 
@@ -77,6 +78,7 @@ def test_direct_micro_kernels_match_their_contracts(target):
     rng = np.random.default_rng(12)
     tiles = [(2 * t.lanes, 5, t.lanes, 3, 3, 1, 1, 1, 0), (t.lanes, 3, 3, 2, 5, 2, 1, 2, 0),
              (t.lanes, 4, t.lanes, 1, 3, 1, 2, 1, 2 * 3 * t.lanes * t.lanes)]  # one of 3 kernel rows: 2 skipped
+    kwf_tiles = [(2 * t.lanes, 3, 3, 2, 2, 1, 1, 2, 3 * 5)]  # 2 of a 5-wide kernel's columns, one row skipped
     packs = [(t.lanes, 5, 6, 1, 2, 7, 9), (3, 6, 7, 0, 0, 5, 6)]
     src = PRELUDE + vector_helpers(t.lanes) + "\n"
     names = []
@@ -85,6 +87,15 @@ def test_direct_micro_kernels_match_their_contracts(target):
         xcb = ((kh - 1) * dh + 1) * xrow + 5
         name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip)
         names.append(("dconv", name, (no, px, cbi, kh, kw, xcb, wskip)))
+        src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
+                                         f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")
+    for no, px, cbi, kh, kw, sw, dh, dw, kwf in kwf_tiles:
+        xrow = ((px - 1) * sw + (kw - 1) * dw + 1) * cbi + 3
+        xcb = ((kh - 1) * dh + 1) * xrow + 5
+        wskip = kwf * cbi * no  # (the packed kernel has kh + 1 rows)
+        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip, kwf=kwf)
+        assert name.endswith(f"_{kwf}")
+        names.append(("dconv", name, (no, px, cbi, kh, kwf, xcb, wskip)))
         src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
                                          f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")
     for geo in packs:

@@ -38,7 +38,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
-_DCONV = re.compile(r"dconv_(\d+)x(\d+)_(\d+(?:_\d+){8})$")
+_DCONV = re.compile(r"dconv_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})$")
 
 
@@ -264,7 +264,7 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
 
 
 def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-           wskip: int, lanes: int) -> str:
+           wskip: int, kwf: int | None = None, *, lanes: int) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
@@ -290,6 +290,9 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
                 f"        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow} + kx * {dw * cbi};\n"
                 f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
     skip = f"\n    w += {wskip};" if wskip else ""
+    kwf = kw if kwf is None else kwf
+    if kwf != kw:  # the kernel columns of each row this tile does not read
+        taps = f"    {{\n{indent(taps, 1)}\n        w += {(kwf - kw) * cbi * no};\n    }}"
     lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n"
                  f"{indent(taps, 2)}{skip}\n}}")
     for j in range(nv):

@@ -11,12 +11,13 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
         pixels as rows and output channels as columns, stored channel-major).
 
-    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}_{wskip}(ncb, x, w, c, ldc)
+    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}_{wskip}[_{kwf}](ncb, x, w, c, ldc)
         one register tile of a direct convolution over a channel-blocked input (``nchwc_``'s layout):
-        c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[b*(kh*kw*cbi*no + wskip) + ((ky*kw + kx)*cbi + i)*no + o]
+        c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[b*(kh*kwf*cbi*no + wskip) + ((ky*kwf + kx)*cbi + i)*no + o]
                                                     * x[b*xcb + ky*dh*xrow + (p*sw + kx*dw)*cbi + i]
         for o < no, p < px: ``no`` output channels (whole vectors) by ``px`` output pixels of a row, stored
-        channel-major (each channel's pixels contiguous, as the output plane holds them); the elements
+        channel-major (each channel's pixels contiguous, as the output plane holds them; kwf, the packed kernel
+        width, is kw unless the tile reads only kw of the kernel columns); the elements
         c[o*ldc + p] for px <= p < px + 16 may be overwritten (the tile is stored as whole vectors), so
         ldc >= px + 16. ``wskip``: weights after each channel block's kh kernel rows that are not read (the
         kernel rows of a convolution that no output row of this tile reaches inside the input).
@@ -170,26 +171,29 @@ DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a wh
 
 
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-                wskip: int = 0) -> str:
+                wskip: int = 0, kwf: int | None = None) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
-    channel-blocked input, registering its contract on first use (see the module docstring)."""
-    geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip)
+    channel-blocked input, registering its contract on first use (see the module docstring). ``kwf``: the
+    packed weight's kernel width when the tile reads only ``kw`` of its columns (a row's pixels that only those
+    kernel columns reach inside the input); the name then ends in ``_{kwf}``."""
+    kwf = kw if kwf is None else kwf
+    geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip) + ((kwf,) if kwf != kw else ())
     name = f"dconv_{no}x{px}_" + "_".join(str(v) for v in geo)
-    wcb = kh * kw * cbi * no + wskip  # weights per channel block
+    wcb = kh * kwf * cbi * no + wskip  # weights per channel block
     if name in MICRO:
         return name
-    taps = kh * kw
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
         span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
-        return {"x": (1, 0, span), "w": (1, 0, ncb * wcb - wskip), "c": (no, s["ldc"], px + DCONV_PAD)}
+        return {"x": (1, 0, span), "w": (1, 0, (ncb - 1) * wcb + ((kh - 1) * kwf + kw) * cbi * no),
+                "c": (no, s["ldc"], px + DCONV_PAD)}
 
     def reference(arrays, offsets, s) -> None:
         ncb = s["ncb"]
         x, xo = arrays["x"], offsets["x"]
-        wall = arrays["w"][offsets["w"]:offsets["w"] + ncb * wcb]
-        wt = np.stack([wall[b * wcb:b * wcb + taps * cbi * no] for b in range(ncb)]).reshape(ncb, kh, kw, cbi, no)
+        bb, ky_, kx_, ii, oo = np.ix_(range(ncb), range(kh), range(kw), range(cbi), range(no))
+        wt = arrays["w"][offsets["w"] + bb * wcb + ((ky_ * kwf + kx_) * cbi + ii) * no + oo]
         acc = np.zeros((px, no))
         for b in range(ncb):
             for ky in range(kh):

@@ -98,22 +98,34 @@ def trim_taps(g: ConvGeometry) -> tuple[ConvGeometry, tuple[int, int], tuple[int
     return t, (y0, y1), (x0, x1)
 
 
+def _segments(o: int, k: int, s: int, d: int, p: int, n: int) -> list[tuple[int, int, int, int]]:
+    """Output positions [s0, s1) along one axis (``o`` of them, kernel size ``k``, stride, dilation, padding,
+    input size ``n``) with the same kernel positions [k0, k1) reaching inside the input; one segment of the
+    whole kernel unless splitting saves at least a quarter of the work: more tile variants cost more than the
+    few padding rows of an ordinary convolution (ResNet-18: 6% slower split at its 3x3 layers' border rows)."""
+    segs: list[tuple[int, int, int, int]] = []
+    for y in range(o):
+        inside = [t for t in range(k) if 0 <= y * s + t * d - p < n] or [0]
+        kk = (inside[0], inside[-1] + 1)
+        if segs and segs[-1][2:] == kk:
+            segs[-1] = (segs[-1][0], y + 1, *kk)
+        else:
+            segs.append((y, y + 1, *kk))
+    if sum((s1 - s0) * (k1 - k0) for s0, s1, k0, k1 in segs) > 0.75 * o * k:
+        return [(0, o, 0, k)]
+    return segs
+
+
 def row_segments(g: ConvGeometry) -> list[tuple[int, int, int, int]]:
     """Output rows [s0, s1) with the same kernel rows [k0, k1) reaching inside the input (padding rows read
-    only the zero ring; with a large dilation most rows reach one kernel row). One segment of every kernel
-    row unless splitting saves at least a quarter of the work: more tile variants cost more than the few
-    padding rows of an ordinary convolution (ResNet-18: 6% slower split at its 3x3 layers' border rows)."""
-    segs: list[tuple[int, int, int, int]] = []
-    for y in range(g.oh):
-        inside = [t for t in range(g.kh) if 0 <= y * g.sh + t * g.dh - g.ph < g.h] or [0]
-        k = (inside[0], inside[-1] + 1)
-        if segs and segs[-1][2:] == k:
-            segs[-1] = (segs[-1][0], y + 1, *k)
-        else:
-            segs.append((y, y + 1, *k))
-    if sum((s1 - s0) * (k1 - k0) for s0, s1, k0, k1 in segs) > 0.75 * g.oh * g.kh:
-        return [(0, g.oh, 0, g.kh)]
-    return segs
+    only the zero ring; with a large dilation most rows reach one kernel row); see ``_segments``."""
+    return _segments(g.oh, g.kh, g.sh, g.dh, g.ph, g.h)
+
+
+def col_segments(g: ConvGeometry) -> list[tuple[int, int, int, int]]:
+    """Output columns [s0, s1) with the same kernel columns [k0, k1) reaching inside the input (DeepLab's
+    ASPP, dilation 12 on 28 columns: 2, 3 and 2 of the 3 kernel columns on 12, 4 and 12 columns)."""
+    return _segments(g.ow, g.kw, g.sw, g.dw, g.pw, g.w)
 
 
 def direct_pays(g: ConvGeometry, co: int) -> bool:
@@ -208,23 +220,27 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span + DCONV_PAD)), "stack")  # (tiles store vectors)
     at0 = oy * g.ow if p.order == "plane" else Const(0)
 
-    def tile(x0: Expr, px: int, k0: int, k1: int) -> Stmt:
-        """The register tile at column x0 over kernel rows [k0, k1) (the others reach only the zero ring)."""
+    def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int) -> Stmt:
+        """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
+        the zero ring)."""
         xoff = b * block + (oy * g.sh + k0 * g.dh) * (p.wp * cbi) + x0 * (g.sw * cbi)
+        if j0:
+            xoff = xoff + j0 * g.dw * cbi
         per_row = g.kw * cbi * p.no
-        uk = dconv_micro(p.no, px, cbi, k1 - k0, g.kw, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
-                         (g.kh - (k1 - k0)) * per_row)
-        return Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, Const(k0 * per_row))),
+        uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
+                         (g.kh - (k1 - k0)) * per_row, kwf=g.kw)
+        return Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)),
+                          Ptr(wp, (oct, Const(k0 * per_row + j0 * cbi * p.no))),
                           Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span + DCONV_PAD)))
-
-    full, tail = divmod(g.ow, p.px)
 
     def tiles(k0: int, k1: int) -> tuple[Stmt, ...]:
         out: tuple[Stmt, ...] = ()
-        if full:
-            out += (For(xt, Const(0), Const(full), (tile(xt * p.px, p.px, k0, k1),)),)
-        if tail:
-            out += (tile(Const(full * p.px), tail, k0, k1),)
+        for x0, x1, j0, j1 in col_segments(g):
+            full, tail = divmod(x1 - x0, p.px)
+            if full:
+                out += (For(xt, Const(0), Const(full), (tile(simplify(xt * p.px + x0), p.px, k0, k1, j0, j1),)),)
+            if tail:
+                out += (tile(Const(x0 + full * p.px), tail, k0, k1, j0, j1),)
         return out
 
     def rows(lo: Expr, hi: Expr, body: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]]) -> tuple[Stmt, ...]:
