@@ -3,6 +3,7 @@ convolution, and its two micro-kernels (the register tile ``dconv_``, the repack
 against their contracts on every target this machine runs."""
 
 import ctypes
+import dataclasses
 import tempfile
 
 import numpy as np
@@ -32,8 +33,14 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
 ]
 
 
-@pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3", "aarch64"])
-@pytest.mark.parametrize("n,ci,h,w,co,k,s,d,pad,threads", CASES)
+# a smaller L2, so that a channel tile's weights (256 input channels x 9 taps x 32) exceed half of it while its
+# 24x24 plane is too large for the "plane" order: the input channels in chunks of 7 blocks (7, 7, 2)
+SMALL_L2 = dataclasses.replace(get_target("x86-64-v4"), l2_bytes=512 * 1024)
+
+
+@pytest.mark.parametrize("target,n,ci,h,w,co,k,s,d,pad,threads",
+                         [(t, *c) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for c in CASES]
+                         + [(SMALL_L2, 1, 256, 24, 24, 64, 3, 1, 1, 1, 2)])
 def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
@@ -42,6 +49,7 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
     oh, ow = ref.shape[2:]
     g = ConvGeometry(ci, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
     p = plan_direct(co, g, n, get_target(target), threads)
+    assert (p.order == "chunks") == (target is SMALL_L2)
     wpk = pack_direct(wt, p)
     f = direct_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))),
                     Buf("wp", "float32", Layout.strided(wpk.shape)),
@@ -61,6 +69,15 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
 
 
+def test_direct_plan_chunks_the_input_channels_when_a_tiles_weights_exceed_l2():
+    g = ConvGeometry(2048, 28, 28, 28, 28, 3, 3, 1, 1, 12, 12, 12, 12)  # DeepLab's ASPP branch, dilation 12
+    p = plan_direct(256, g, 1, get_target("x86-64-v4"), 2)
+    assert p.order == "chunks" and 1 <= p.chunk < p.ncb and p.threads == 2
+    assert 4 * p.chunk * p.cbi * 9 * p.no <= get_target("x86-64-v4").l2_bytes // 4
+    small = plan_direct(64, ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1), 1, get_target("x86-64-v4"), 2)
+    assert small.order != "chunks" and small.chunk == small.ncb
+
+
 def test_direct_plan_tiles_and_order():
     v4, v3 = get_target("x86-64-v4"), get_target("x86-64-v3")
     g56 = ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1)
@@ -78,7 +95,8 @@ def test_direct_micro_kernels_match_their_contracts(target):
     rng = np.random.default_rng(12)
     tiles = [(2 * t.lanes, 5, t.lanes, 3, 3, 1, 1, 1, 0), (t.lanes, 3, 3, 2, 5, 2, 1, 2, 0),
              (t.lanes, 4, t.lanes, 1, 3, 1, 2, 1, 2 * 3 * t.lanes * t.lanes)]  # one of 3 kernel rows: 2 skipped
-    kwf_tiles = [(2 * t.lanes, 3, 3, 2, 2, 1, 1, 2, 3 * 5)]  # 2 of a 5-wide kernel's columns, one row skipped
+    kwf_tiles = [(2 * t.lanes, 3, 3, 2, 2, 1, 1, 2, 3 * 5, False),  # 2 of a 5-wide kernel's columns, a row skipped
+                 (t.lanes, 5, t.lanes, 3, 3, 1, 1, 1, 3, True)]  # added to c (a later chunk of input blocks)
     packs = [(t.lanes, 5, 6, 1, 2, 7, 9), (3, 6, 7, 0, 0, 5, 6)]
     src = PRELUDE + vector_helpers(t.lanes) + "\n"
     names = []
@@ -89,12 +107,12 @@ def test_direct_micro_kernels_match_their_contracts(target):
         names.append(("dconv", name, (no, px, cbi, kh, kw, xcb, wskip)))
         src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
                                          f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")
-    for no, px, cbi, kh, kw, sw, dh, dw, kwf in kwf_tiles:
+    for no, px, cbi, kh, kw, sw, dh, dw, kwf, accumulate in kwf_tiles:
         xrow = ((px - 1) * sw + (kw - 1) * dw + 1) * cbi + 3
         xcb = ((kh - 1) * dh + 1) * xrow + 5
         wskip = kwf * cbi * no  # (the packed kernel has kh + 1 rows)
-        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip, kwf=kwf)
-        assert name.endswith(f"_{kwf}")
+        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip, kwf=kwf, accumulate=accumulate)
+        assert name.endswith(f"_{kwf}") == (kwf != kw) and name.startswith("dconva_") == accumulate
         names.append(("dconv", name, (no, px, cbi, kh, kwf, xcb, wskip)))
         src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
                                          f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")

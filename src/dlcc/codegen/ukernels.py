@@ -38,7 +38,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
-_DCONV = re.compile(r"dconv_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
+_DCONV = re.compile(r"dconv(a?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})$")
 
 
@@ -52,7 +52,8 @@ def micro_c(name: str, lanes: int) -> str:
         return _dwplane(name, *(int(v) for v in m.group(2).split("_")), pool_max=bool(m.group(1)))
     m = _DCONV.match(name)
     if m is not None:
-        return _dconv(name, int(m.group(1)), int(m.group(2)), *(int(v) for v in m.group(3).split("_")), lanes=lanes)
+        return _dconv(name, int(m.group(2)), int(m.group(3)), *(int(v) for v in m.group(4).split("_")), lanes=lanes,
+                      accumulate=bool(m.group(1)))
     m = _NCHWC.match(name)
     if m is not None:
         return _nchwc(name, *(int(v) for v in m.group(1).split("_")))
@@ -264,7 +265,7 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
 
 
 def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-           wskip: int, kwf: int | None = None, *, lanes: int) -> str:
+           wskip: int, kwf: int | None = None, *, lanes: int, accumulate: bool = False) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
@@ -298,12 +299,13 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     for j in range(nv):
         for pb in range(0, px, lanes):
             rows = [acc[j][pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
-            lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}")) + "\n}")
+            lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}", accumulate))
+                         + "\n}")
     return (f"static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
             f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
-def _transpose_store(rows: list[str], lanes: int, dest: str) -> str:
+def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = False) -> str:
     """Store the transpose of the lanes x lanes block whose rows are the vectors ``rows``: row l of the
     transpose (lane l of every input row) as one vector at ``dest + l * ldc``. log2(lanes) rounds of
     two-source shuffles, each swapping the off-diagonal sub-blocks of every 2h x 2h block (h = lanes/2 ... 1)."""
@@ -318,7 +320,10 @@ def _transpose_store(rows: list[str], lanes: int, dest: str) -> str:
             out.append(f"{{ const dlcc_vf u = __builtin_shufflevector(r{i}, r{i + h}, {', '.join(map(str, lo))}); "
                        f"r{i + h} = __builtin_shufflevector(r{i}, r{i + h}, {', '.join(map(str, hi))}); r{i} = u; }}")
         h //= 2
-    out += [f"dlcc_vf_store({dest} + {i} * ldc, r{i});" for i in range(lanes)]
+    if accumulate:  # (a later block of input channels: added to what the earlier ones stored)
+        out += [f"dlcc_vf_store({dest} + {i} * ldc, r{i} + dlcc_vf_load({dest} + {i} * ldc));" for i in range(lanes)]
+    else:
+        out += [f"dlcc_vf_store({dest} + {i} * ldc, r{i});" for i in range(lanes)]
     return "\n".join(out)
 
 

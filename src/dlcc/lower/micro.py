@@ -11,13 +11,14 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
         pixels as rows and output channels as columns, stored channel-major).
 
-    dconv_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}_{wskip}[_{kwf}](ncb, x, w, c, ldc)
+    dconv[a]_{no}x{px}_{cbi}_{kh}_{kw}_{sw}_{dh}_{dw}_{xcb}_{xrow}_{wskip}[_{kwf}](ncb, x, w, c, ldc)
         one register tile of a direct convolution over a channel-blocked input (``nchwc_``'s layout):
         c[o*ldc + p] = sum_{b < ncb, ky, kx, i < cbi} w[b*(kh*kwf*cbi*no + wskip) + ((ky*kwf + kx)*cbi + i)*no + o]
                                                     * x[b*xcb + ky*dh*xrow + (p*sw + kx*dw)*cbi + i]
         for o < no, p < px: ``no`` output channels (whole vectors) by ``px`` output pixels of a row, stored
         channel-major (each channel's pixels contiguous, as the output plane holds them; kwf, the packed kernel
-        width, is kw unless the tile reads only kw of the kernel columns); the elements
+        width, is kw unless the tile reads only kw of the kernel columns; dconva_: c[o*ldc + p] += instead, for the
+        later blocks of input channels of a convolution whose weights are split in chunks); the elements
         c[o*ldc + p] for px <= p < px + 16 may be overwritten (the tile is stored as whole vectors), so
         ldc >= px + 16. ``wskip``: weights after each channel block's kh kernel rows that are not read (the
         kernel rows of a convolution that no output row of this tile reaches inside the input).
@@ -171,14 +172,15 @@ DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a wh
 
 
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-                wskip: int = 0, kwf: int | None = None) -> str:
+                wskip: int = 0, kwf: int | None = None, accumulate: bool = False) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring). ``kwf``: the
     packed weight's kernel width when the tile reads only ``kw`` of its columns (a row's pixels that only those
-    kernel columns reach inside the input); the name then ends in ``_{kwf}``."""
+    kernel columns reach inside the input); the name then ends in ``_{kwf}``. ``accumulate`` (``dconva_``): the
+    tile is added to c (a later block of input channels) instead of stored."""
     kwf = kw if kwf is None else kwf
     geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip) + ((kwf,) if kwf != kw else ())
-    name = f"dconv_{no}x{px}_" + "_".join(str(v) for v in geo)
+    name = f"dconv{'a' if accumulate else ''}_{no}x{px}_" + "_".join(str(v) for v in geo)
     wcb = kh * kwf * cbi * no + wskip  # weights per channel block
     if name in MICRO:
         return name
@@ -203,11 +205,13 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
                         acc[p] += x[at:at + cbi].astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
         c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
         for o in range(no):
-            c[co + o * ldc:co + o * ldc + px] = acc[:, o]
+            at = slice(co + o * ldc, co + o * ldc + px)
+            c[at] = (c[at].astype(np.float64) if accumulate else 0.0) + acc[:, o]
 
     MICRO[name] = MicroKernel(
         name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
-        f"c[o*ldc + p] = sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * x[b*{xcb} + ky*{dh * xrow} "
+        f"c[o*ldc + p] {'+' if accumulate else ''}= sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * "
+        f"x[b*{xcb} + ky*{dh * xrow} "
         f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}", footprint, reference)
     return name
 

@@ -64,8 +64,11 @@ class DirectPlan:
     hp: int  # rows and columns of a repacked input block (the zero ring included)
     wp: int
     threads: int
-    order: str  # "rows" | "oc" | "plane": the outer loop of the compute phase (the one the threads divide);
-    # "plane": output-channel tiles outside, each tile's whole output plane in the local buffer, then the epilogue
+    order: str  # "rows" | "oc" | "plane" | "chunks": the outer loop of the compute phase (the one the threads
+    # divide); "plane": output-channel tiles outside, each tile's whole output plane in the local buffer, then the
+    # epilogue; "chunks": as "plane", the input channel blocks in chunks of ``chunk`` (whose weights stay in L2),
+    # the later chunks added to the plane
+    chunk: int = 0  # input channel blocks per chunk ("chunks"), else all of them
 
     @property
     def ncb(self) -> int:
@@ -182,7 +185,16 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
             order = other
     if extent[order] < t:
         t = 1
-    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order)
+    # a channel tile's weights beyond half of L2 (DeepLab's ASPP: 2048 input channels x 9 taps x 32 = 2.4 MB):
+    # every output row would stream them from L3 again; in chunks of input blocks that stay in L2, the tile's
+    # whole plane accumulating in L1/L2 instead
+    ncb = -(-g.ci // cbi)
+    tile_w = 4 * cbi * g.kh * g.kw * no  # bytes of one input block's weights for one channel tile
+    if order == "oc" and ncb * tile_w > target.l2_bytes // 2 and 4 * no * g.oh * g.ow <= target.l2_bytes // 4:
+        chunk = max(1, (target.l2_bytes // 4) // tile_w)
+        if chunk < ncb:
+            return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk)
+    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb)
 
 
 def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
@@ -216,21 +228,29 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
     # as long as the row or the plane: it vectorizes)
-    span = g.oh * g.ow if p.order == "plane" else g.ow
+    whole = p.order in ("plane", "chunks")  # the tile's whole output plane in the local buffer
+    span = g.oh * g.ow if whole else g.ow
     acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span + DCONV_PAD)), "stack")  # (tiles store vectors)
-    at0 = oy * g.ow if p.order == "plane" else Const(0)
+    at0 = oy * g.ow if whole else Const(0)
+    chunked: tuple[Expr, Expr, bool] | None = None  # (first block, blocks, accumulate) of the chunk being built
 
     def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int) -> Stmt:
         """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
-        the zero ring)."""
+        the zero ring), over all input blocks or the chunk's."""
         xoff = b * block + (oy * g.sh + k0 * g.dh) * (p.wp * cbi) + x0 * (g.sw * cbi)
         if j0:
             xoff = xoff + j0 * g.dw * cbi
         per_row = g.kw * cbi * p.no
+        woff: Expr = Const(k0 * per_row + j0 * cbi * p.no)
+        nblk: Expr = Const(ncb)
+        accumulate = False
+        if chunked is not None:
+            cb0, nblk, accumulate = chunked
+            xoff = xoff + cb0 * (p.batch * block)
+            woff = woff + cb0 * (g.kh * per_row)
         uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
-                         (g.kh - (k1 - k0)) * per_row, kwf=g.kw)
-        return Micro(uk, (Const(ncb), Ptr(ws, (simplify(xoff),)),
-                          Ptr(wp, (oct, Const(k0 * per_row + j0 * cbi * p.no))),
+                         (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate)
+        return Micro(uk, (simplify(nblk), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, simplify(woff))),
                           Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span + DCONV_PAD)))
 
     def tiles(k0: int, k1: int) -> tuple[Stmt, ...]:
@@ -253,7 +273,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             out += (For(oy, a, z, body(tiles(k0, k1))),)
         return out
 
-    base = Const(0) if p.order == "plane" else oy * g.ow
+    base = Const(0) if whole else oy * g.ow
     epilogue = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
         For(q, Const(0), Const(span), (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
             "vectorized"),))
@@ -263,9 +283,18 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     elif p.order == "oc":
         o0, o1 = share(tv2, p.n_oct, T)
         nest = (For(oct, o0, o1, rows(Const(0), Const(g.oh), lambda t: (Alloc(acc, (*t, epilogue)),))),)
-    else:
+    elif p.order == "plane":
         o0, o1 = share(tv2, p.n_oct, T)
         nest = (For(oct, o0, o1, (Alloc(acc, (*rows(Const(0), Const(g.oh), lambda t: t), epilogue)),)),)
+    else:  # "chunks": the first chunk of input blocks stored, the later ones added, then the epilogue
+        o0, o1 = share(tv2, p.n_oct, T)
+        ch = Var(fresh("ch"))
+        nch = -(-ncb // p.chunk)
+        chunked = (Const(0), Const(min(p.chunk, ncb)), False)
+        first = rows(Const(0), Const(g.oh), lambda t: t)
+        chunked = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
+        later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t)),)
+        nest = (For(oct, o0, o1, (Alloc(acc, (*first, *later, epilogue)),)),)
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
     if T > 1:
         body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
