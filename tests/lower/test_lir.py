@@ -397,7 +397,9 @@ def test_depthwise_plane_micro_kernel_and_loop_ir(target):
     t = get_target(target)
     rng = np.random.default_rng(7)
     for c, h, w, k, s, d, pad in [(3, 9, 8, 3, 1, 1, 1), (4, 11, 12, 5, 2, 1, 2), (2, 7, 7, 3, 2, 2, 2),
-                                  (3, 3, 3, 3, 1, 1, 0)]:
+                                  (3, 3, 3, 3, 1, 1, 0),
+                                  # stride-1 5x5 and 7x7 (the padded-plane form), rows wider than one vector
+                                  (2, 20, 23, 5, 1, 1, 2), (2, 30, 30, 7, 1, 1, 3), (2, 19, 21, 5, 1, 2, 1)]:
         x = rng.standard_normal((1, c, h, w)).astype(np.float32)
         wt = rng.standard_normal((c, 1, k, k)).astype(np.float32)
         ref = np.stack([_conv_ref(x[:, i:i + 1], wt[i:i + 1], (s, s), (d, d), (pad, pad))[0, 0] for i in range(c)])

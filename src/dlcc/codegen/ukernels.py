@@ -49,7 +49,7 @@ def micro_c(name: str, lanes: int) -> str:
         return _im2col(name, *(int(v) for v in m.group(1).split("_")))
     m = _DWPLANE.match(name)
     if m is not None:
-        return _dwplane(name, *(int(v) for v in m.group(2).split("_")), pool_max=bool(m.group(1)))
+        return _dwplane(name, *(int(v) for v in m.group(2).split("_")), pool_max=bool(m.group(1)), lanes=lanes)
     m = _DCONV.match(name)
     if m is not None:
         return _dconv(name, int(m.group(2)), int(m.group(3)), *(int(v) for v in m.group(4).split("_")), lanes=lanes,
@@ -148,7 +148,7 @@ def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: i
 
 
 def _dwplane(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
-             ph: int, pw: int, xh: int, pool_max: bool = False) -> str:
+             ph: int, pw: int, xh: int, pool_max: bool = False, lanes: int = 16) -> str:
     """One output plane of a depthwise convolution (contract: ``lower.micro.dwconv_micro``), the geometry in
     constants. Rows whose kernel rows are all inside the plane: the columns whose every tap is inside (a
     compile-time range) run as one loop of kh x kw FMAs on loads at constant offsets (contiguous at stride 1:
@@ -157,6 +157,9 @@ def _dwplane(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: 
     inside instead of the weighted sum (-inf where none is; a NaN tap is skipped, as ``v > m ? v : m`` does)."""
     if sh == sw == 1 and ow == w == xh and ow <= DW_FLAT_MAX_OW and oh * ow <= DW_FLAT_MAX:
         return _dwflat(name, h, w, oh, ow, kh, kw, dh, dw, ph, pw, xh, pool_max)
+    if (not pool_max and sh == sw == 1 and kh * kw >= DW_PAD_MIN_TAPS
+            and _dwpad_floats(oh, ow, kh, kw, dh, dw) <= DW_PAD_MAX):
+        return _dwpad(name, h, w, oh, ow, kh, kw, dh, dw, ph, pw, xh, lanes)
     lo = min(ow, -(-pw // sw))  # first ox whose leftmost tap is inside
     last = w - 1 + pw - (kw - 1) * dw
     hi = max(lo, min(ow, last // sw + 1 if last >= 0 else 0))
@@ -223,6 +226,57 @@ DW_FLAT_MAX = 4096  # planes up to this many pixels take the flat form (a mask t
 DW_FLAT_MAX_OW = 16  # ... with rows of at most 16 pixels: wider rows run faster with every tap of an interior
 # row in one pass (Zen 5, AVX-512, per 64 channels: 56x56 3x3 0.082 -> 0.053 ms, 28x28 5x5 0.061 -> 0.045; 7x7
 # and 14x14 5x5 stay faster flat)
+
+
+DW_PAD_MIN_TAPS = 25  # 5x5 and larger stride-1 kernels: the padded-plane form (``_dwpad``)
+DW_PAD_MAX = 16 * 1024  # ... when the padded plane has at most this many floats (on the stack, in L1)
+
+
+def _dwpad_floats(oh: int, ow: int, kh: int, kw: int, dh: int, dw: int) -> int:
+    owp = -(-ow // 16) * 16
+    return (oh + (kh - 1) * dh) * (owp + (kw - 1) * dw)
+
+
+def _dwpad(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: int, dw: int, ph: int, pw: int,
+           xh: int, lanes: int) -> str:
+    """A stride-1 depthwise plane with a large kernel (ConvNeXt's 7x7, EfficientNet's 5x5): the plane copied
+    into a local one with a zero ring (and zero columns up to whole vectors of 16), so that no tap tests an edge
+    (the scalar edge columns of the other form took most of its time). Per output row, groups of up to 4 vectors
+    of outputs, each with two accumulators (even and odd kernel rows: two shorter FMA chains); per kernel row,
+    its kw weights are broadcast once for the group; the row goes out through a local row."""
+    owp = -(-ow // 16) * 16
+    wp = owp + (kw - 1) * dw
+    hp = oh + (kh - 1) * dh
+    rows = min(h, hp - ph)  # input rows inside the padded plane
+    cols = min(w, wp - pw)
+    nvec = owp // lanes
+    groups = [(g, min(4, nvec - g)) for g in range(0, nvec, 4)]
+    body = []
+    for g0, n in groups:
+        acc = [[f"a{v}_{e}" for e in range(2)] for v in range(n)]
+        lines = [f"dlcc_vf {', '.join(a for pair in acc for a in pair)};"]
+        lines += [f"{a} = (dlcc_vf){{0}};" for pair in acc for a in pair]
+        for ky in range(kh):
+            lines.append(f"{{ const float* restrict r = pad + (oy + {ky * dh}) * {wp} + {g0 * lanes};")
+            lines.append("  " + " ".join(f"const float w{kx} = wt[{ky * kw + kx}];" for kx in range(kw)))
+            for v in range(n):
+                a = acc[v][ky % 2]
+                fmas = " ".join(f"{a} += w{kx} * dlcc_vf_load(r + {v * lanes + kx * dw});" for kx in range(kw))
+                lines.append(f"  {fmas}")
+            lines.append("}")
+        lines += [f"dlcc_vf_store(orow + {(g0 + v) * lanes}, {acc[v][0]} + {acc[v][1]});" for v in range(n)]
+        body.append("{\n" + indent("\n".join(lines)) + "\n}")
+    return f"""static void dlcc_uk_{name}(const float* restrict x, const float* restrict wt, float* restrict out) {{
+    float pad[{hp * wp}];
+    float orow[{owp}];
+    memset(pad, 0, sizeof pad);
+    for (int64_t y = 0; y < {rows}; ++y) memcpy(pad + (y + {ph}) * {wp} + {pw}, x + y * {xh}, {4 * cols});
+    for (int64_t oy = 0; oy < {oh}; ++oy) {{
+{indent(chr(10).join(body), 2)}
+        memcpy(out + oy * {ow}, orow, {4 * ow});
+    }}
+}}
+"""
 
 
 def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: int, dw: int, ph: int, pw: int,
