@@ -170,8 +170,9 @@ def _attention_model(*, b=2, s=11, h=3, dh=8, form="bert", seed=0) -> onnx.Model
                       "masked")
     probs = node("Softmax", [scores], "probs", axis=-1)
     ctx = node("MatMul", [probs, v], "ctx")
-    if form == "bhsd":
-        out, shape = ctx, [b, h, s, dh]
+    if form == "bhsd":  # an elementwise op on the product: the attention kernel's fused epilogue
+        out, shape = node("Relu", [node("Sub", [ctx, init("shift", np.array(0.1, np.float32))], "shifted")], "y"), \
+            [b, h, s, dh]
     else:
         out = node("Reshape", [node("Transpose", [ctx], "ctx_t", perm=[0, 2, 1, 3]), "merge_shape"], "y")
         shape = [b, s, d]
@@ -187,6 +188,8 @@ def test_attention_forms_fuse_and_match_onnxruntime(form, threads):
     cm = dlcc.compile(model, threads=threads)
     ops = [k["ops"] for k in cm.info["per_kernel"]]
     assert any("Attention" in k for k in ops) and not any("Softmax" in k for k in ops), ops
+    if form == "bhsd":
+        assert ops == ["Attention+Sub+Relu"], ops  # (K^T by a Transpose of K: K read as it is)
     if form != "bhsd":  # every head split, the scale and the merge absorbed: only the projections stay around it
         assert not {"Transpose", "Mul", "Div", "Where"} & {op for k in ops for op in k.split("+")}, ops
         # Q, K, V in one GEMM (merge-sibling-matmuls, or the model's own QKV Split), read by column offsets
