@@ -47,8 +47,8 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["DCONV_PAD", "AttnSpec", "attn_micro", "attn_reference", "dconv_micro", "dwconv_micro", "gemm_micro",
-           "gemmt_micro", "im2col_micro", "nchwc_micro"]
+__all__ = ["ATTN_WS_LANES", "DCONV_PAD", "AttnSpec", "attn_micro", "attn_reference", "dconv_micro", "dwconv_micro",
+           "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -315,7 +315,7 @@ class AttnSpec:
 
 
 # the widest target's lanes bound the workspace the verifier and interpreter assume for a contract
-_MAX_LANES = 16
+ATTN_WS_LANES = 16
 
 
 def attn_reference(spec: AttnSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None) -> np.ndarray:
@@ -346,7 +346,7 @@ def attn_micro(spec: AttnSpec) -> str:
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         fp = {"q": (sp.sq, sp.qs, (sp.d - 1) * sp.qd + 1), "k": (sp.sk, sp.ks, (sp.d - 1) * sp.kd + 1),
               "v": (sp.sk, sp.vs, (sp.d - 1) * sp.vd + 1), "o": (sp.sq, sp.os, (sp.d - 1) * sp.od + 1),
-              "ws": (1, 0, sp.ws_floats(_MAX_LANES))}
+              "ws": (1, 0, sp.ws_floats(ATTN_WS_LANES))}
         if sp.mk:
             fp["m"] = (sp.sq, sp.ms, (sp.sk - 1) * sp.mj + 1)
         return fp

@@ -53,8 +53,10 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.passes.rewrite import (
     Builder,
+    NameGen,
     RewriteStats,
     Rule,
     RulePass,
@@ -728,8 +730,6 @@ def _attention_to_idiom_rule(t: Target) -> Rule:
         return {} if node.domain == DLCC_DOMAIN else None
 
     def check(node: ir.Node, m: dict) -> str | None:
-        from dlcc.ops.attention import attention_attrs, attention_dims
-
         if t.has(ATTENTION):
             return "target supports dlcc::Attention"
         shapes = [static_shape(v) for v in node.inputs[:3]]
@@ -817,8 +817,6 @@ def _bias_of(node: ir.Node, n: int) -> tuple[ir.Node, np.ndarray] | None:
 
 def _merge_sibling_matmuls(graph: ir.Graph, stats: RewriteStats) -> bool:
     """merge-sibling-matmuls (see the module docstring); returns whether the graph changed."""
-    from dlcc.passes.rewrite import NameGen
-
     names = NameGen(graph)
     order = {n: i for i, n in enumerate(graph)}
     done: set[ir.Node] = set()

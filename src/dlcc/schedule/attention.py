@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlcc.lower.lir import Alloc, Buf, Const, Expr, For, Func, Micro, Ptr, Var, simplify
-from dlcc.lower.micro import _MAX_LANES, AttnSpec, attn_micro
+from dlcc.lower.micro import ATTN_WS_LANES, AttnSpec, attn_micro
 from dlcc.ops.attention import attention_dims
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
@@ -47,7 +47,7 @@ def attention_plan(batch: int, heads: int, sq: int, sk: int, d: int, target: Tar
     qb = ATTN_QB
     t = max(1, min(threads, batch * heads))
     probe = AttnSpec(sq, sk, d, 0, 1, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, qb, nv)
-    return AttnPlan(qb, nv, t, probe.ws_floats(_MAX_LANES))
+    return AttnPlan(qb, nv, t, probe.ws_floats(ATTN_WS_LANES))
 
 
 @dataclass(frozen=True)

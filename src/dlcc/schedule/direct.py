@@ -232,9 +232,9 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     span = g.oh * g.ow if whole else g.ow
     acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span + DCONV_PAD)), "stack")  # (tiles store vectors)
     at0 = oy * g.ow if whole else Const(0)
-    chunked: tuple[Expr, Expr, bool] | None = None  # (first block, blocks, accumulate) of the chunk being built
+    Chunk = tuple[Expr, Expr, bool] | None  # (first input block, blocks, accumulate), or all blocks
 
-    def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int) -> Stmt:
+    def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk) -> Stmt:
         """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
         the zero ring), over all input blocks or the chunk's."""
         xoff = b * block + (oy * g.sh + k0 * g.dh) * (p.wp * cbi) + x0 * (g.sw * cbi)
@@ -253,24 +253,26 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         return Micro(uk, (simplify(nblk), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, simplify(woff))),
                           Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span + DCONV_PAD)))
 
-    def tiles(k0: int, k1: int) -> tuple[Stmt, ...]:
+    def tiles(k0: int, k1: int, chunked: Chunk) -> tuple[Stmt, ...]:
         out: tuple[Stmt, ...] = ()
         for x0, x1, j0, j1 in col_segments(g):
             full, tail = divmod(x1 - x0, p.px)
             if full:
-                out += (For(xt, Const(0), Const(full), (tile(simplify(xt * p.px + x0), p.px, k0, k1, j0, j1),)),)
+                x0t = simplify(xt * p.px + x0)
+                out += (For(xt, Const(0), Const(full), (tile(x0t, p.px, k0, k1, j0, j1, chunked),)),)
             if tail:
-                out += (tile(Const(x0 + full * p.px), tail, k0, k1, j0, j1),)
+                out += (tile(Const(x0 + full * p.px), tail, k0, k1, j0, j1, chunked),)
         return out
 
-    def rows(lo: Expr, hi: Expr, body: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]]) -> tuple[Stmt, ...]:
+    def rows(lo: Expr, hi: Expr, body: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]],
+             chunked: Chunk = None) -> tuple[Stmt, ...]:
         """Output rows [lo, hi), split where the kernel rows that reach inside the input change."""
         out: tuple[Stmt, ...] = ()
         for s0, s1, k0, k1 in row_segments(g):
             a, z = simplify(Bin("max", lo, Const(s0))), simplify(Bin("min", hi, Const(s1)))
             if isinstance(a, Const) and isinstance(z, Const) and a.value >= z.value:
                 continue
-            out += (For(oy, a, z, body(tiles(k0, k1))),)
+            out += (For(oy, a, z, body(tiles(k0, k1, chunked))),)
         return out
 
     base = Const(0) if whole else oy * g.ow
@@ -290,10 +292,9 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         o0, o1 = share(tv2, p.n_oct, T)
         ch = Var(fresh("ch"))
         nch = -(-ncb // p.chunk)
-        chunked = (Const(0), Const(min(p.chunk, ncb)), False)
-        first = rows(Const(0), Const(g.oh), lambda t: t)
-        chunked = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
-        later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t)),)
+        first = rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False))
+        rest = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
+        later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t, rest)),)
         nest = (For(oct, o0, o1, (Alloc(acc, (*first, *later, epilogue)),)),)
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
     if T > 1:
