@@ -219,3 +219,28 @@ def test_vectorizes_for_aarch64(tmp_path):
     for name, asm in _asm("aarch64-linux-gnu-gcc", flags_for("aarch64"), tmp_path).items():
         assert ".4s" in asm, f"{name} was not vectorized for aarch64"
         assert "\tbl\t" not in asm, f"{name} calls a function"
+
+
+def test_silu_within_2_ulp_above_the_underflow_and_x_times_sigmoid_below(tmp_path):
+    """dlcc_siluf (x * sigmoid(x) as one call): within 2 ulp of x / (1 + exp(-x)) for x >= -87.3; below,
+    -0 (the exact value is in (-1.1e-36, 0)); NaN for NaN and -inf (as x * sigmoid(x)), inf for inf."""
+    src = tmp_path / "silu.c"
+    src.write_text(PRELUDE + C_TEXT + _loops(("dlcc_siluf",)))
+    compile_files(compiler(), flags_for("native"), [src], tmp_path / "silu.so", tmp_path)
+    lib = ctypes.CDLL(str(tmp_path / "silu.so"))
+    sweep = np.concatenate([_sweep(), _specials(), np.linspace(-87.3, 20.0, 400001, dtype=np.float32)])
+    x = sweep[np.isfinite(sweep)]
+    got = _run(lib, "dlcc_siluf", x)
+    xd = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        ref = np.where(xd >= 0, xd / (1.0 + np.exp(-xd)), xd * np.exp(xd) / (1.0 + np.exp(xd)))
+    main = x >= np.float32(-87.3)
+    err = _ulp_errors(got[main], x[main], ref[main])
+    worst = int(np.argmax(err))
+    assert err[worst] <= 2.0, f"silu({x[main][worst]!r}): {err[worst]} ulp"
+    low = got[~main]
+    assert np.all(low == 0.0) and np.all(np.signbit(low))
+    special = _run(lib, "dlcc_siluf", np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, 17.0, 17.5], np.float32))
+    assert np.isnan(special[0]) and np.isnan(special[1]) and special[2] == np.inf
+    assert special[3] == 0.0 and np.signbit(special[3]) and special[4] == 0.0 and not np.signbit(special[4])
+    assert list(special[5:]) == [np.float32(17.0 / (1 + np.exp(-17.0))), np.float32(17.5)]

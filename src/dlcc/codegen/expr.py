@@ -101,6 +101,10 @@ class ExprGen:
 
     def _compute(self, node: ir.Node, out_index: int, idx: list[str], stmts: list[str] | None) -> str:
         op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        if op == "Mul":
+            x = self._silu_input(node)
+            if x is not None:  # x * Sigmoid(x): SiLU in one call (codegen/vmath.py: cheaper, rounds once)
+                return f"dlcc_siluf({self.at(x, broadcast_index(idx, value_shape(x)), stmts)})"
         fn = ELEMENTWISE.get(op)
         if fn is not None:
             out_shape = value_shape(node.outputs[out_index])
@@ -118,6 +122,19 @@ class ExprGen:
         if fn is None:
             raise DlccError(f"internal: no inline code for {op}")
         return fn(self, node, out_index, idx, stmts)
+
+    def _silu_input(self, node: ir.Node) -> ir.Value | None:
+        """x when ``node`` is Mul(x, Sigmoid(x)) (either order) on float32 of one shape, with the Sigmoid
+        computed in this kernel (not read from a buffer), else None."""
+        if len(node.inputs) != 2 or any(v is None or value_dtype(v) != "float32" for v in node.inputs):
+            return None
+        for x, g in (node.inputs, node.inputs[::-1]):
+            sig = g.producer()
+            if (sig is not None and sig.op_type == "Sigmoid" and sig.domain in ("", "ai.onnx")
+                    and sig.inputs[0] is x and g not in self.buffers and g not in self.bound
+                    and value_shape(x) == value_shape(node.outputs[0])):
+                return x
+        return None
 
     def const_of(self, v: ir.Value | None) -> np.ndarray | None:
         """The constant array of ``v`` (a weight or a small constant), or None."""
