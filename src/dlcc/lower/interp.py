@@ -76,7 +76,9 @@ class Attention(OpRun):
     op_domain = "dlcc"
 
     def _run(self, q, k, v, mask=None, num_heads=None, scale=None, causal=None, fill=None, layout=None,
-             head_size=None, offsets=None):
+             head_size=None, offsets=None, **_onnx_defaults):
+        # (onnx's ReferenceEvaluator may add the default attributes of the standard ai.onnx Attention of the same
+        # name, e.g. right_window_size with onnx 1.23: not dlcc::Attention's, ignored)
         return (attention_reference(q, k, v, mask, num_heads=num_heads, scale=scale, causal=causal or 0,
                                     fill=fill or 0.0, layout=tuple(layout) if layout is not None else (1, 2, 1, 1),
                                     head_size=head_size or 0,
