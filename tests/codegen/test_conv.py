@@ -61,6 +61,13 @@ CONV_CASES = [
     ((2, 3, 7, 7), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, False, False),
     ((1, 4, 13, 11), (6, 2, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 0, 1, 2]}, True, True),
     ((1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, True, True),  # depthwise
+    # depthwise, channel-blocked (schedule.dwconv): a partial last block, strides, dilation, asymmetric pads, a
+    # row tail, the whole plane or row by row in the local buffer, two images
+    ((1, 40, 14, 14), (40, 1, 5, 5), {"group": 40, "pads": [2, 2, 2, 2]}, True, True),
+    ((2, 32, 17, 15), (32, 1, 3, 3), {"group": 32, "strides": [2, 2], "pads": [1, 0, 1, 2]}, True, True),
+    ((1, 16, 30, 31), (16, 1, 3, 3), {"group": 16, "dilations": [2, 2], "pads": [2, 2, 2, 2]}, False, True),
+    ((1, 24, 9, 40), (24, 1, 7, 7), {"group": 24, "pads": [3, 3, 3, 3]}, True, True),
+    ((1, 16, 56, 57), (16, 1, 3, 3), {"group": 16, "pads": [1, 1, 1, 1]}, True, True),
     ((1, 6, 10, 10), (12, 1, 5, 5), {"group": 6, "strides": [2, 2], "auto_pad": "SAME_UPPER"}, True, True),
     ((1, 3, 10, 9), (4, 3, 4, 4), {"strides": [3, 2], "auto_pad": "SAME_LOWER"}, True, True),
     ((1, 3, 12, 12), (4, 3, 3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}, True, False),

@@ -231,4 +231,5 @@ def test_plan_choices_and_declared_workspace():
     p = plan("Conv", (1, 8, 6, 20, 20), (16, 8, 3, 3, 3), (1, 16, 6, 20, 20), 2, pads=[1] * 6)
     assert p.staged and p.par == "rows" and p.row_dim == 0  # threads over depth
     depthwise = _node("Conv", (1, 8, 9, 9), (8, 1, 3, 3), (1, 8, 9, 9), group=8, pads=[1, 1, 1, 1])
-    assert node_workspace_bytes(depthwise, lambda v: v.name == "w", t, 1) == 0  # the plane kernel's
+    # depthwise: the channel-blocked form's one repacked block (9 x 9 with its ring: 11 x 11 pixels of lanes floats)
+    assert node_workspace_bytes(depthwise, lambda v: v.name == "w", t, 1) == 4 * 11 * 11 * t.lanes

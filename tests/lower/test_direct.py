@@ -13,7 +13,7 @@ from test_lir import PRELUDE, _build, _conv_ref
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
 from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
-from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
+from dlcc.lower.micro import DCONV_PAD, dconv_micro, dwc_micro, nchwc_micro
 from dlcc.schedule.direct import direct_func, pack_direct, plan_direct
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import get_target
@@ -151,3 +151,39 @@ def test_direct_micro_kernels_match_their_contracts(target):
                     fn.argtypes = [ptr, i64, i64, i64, ptr]
                     fn(x.ctypes.data_as(ptr), xc, xh, nci, got.ctypes.data_as(ptr))
                     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_depthwise_tile_matches_its_contract(target):
+    """dwc_...: cbi (= lanes) channels x px pixels of one output row, strides and dilations, against the
+    contract's reference; the row beyond px + DCONV_PAD untouched."""
+    t = get_target(target)
+    if t.lanes < 4:
+        pytest.skip(f"{target}: one float per vector, the plane kernel runs instead")
+    rng = np.random.default_rng(5)
+    cbi = t.lanes
+    tiles = [(14, 3, 3, 1, 1, 1), (5, 5, 5, 2, 1, 1), (16, 3, 3, 1, 2, 2), (3, 7, 7, 1, 1, 1)]
+    src = PRELUDE + vector_helpers(t.lanes) + "\n"
+    names = []
+    for px, kh, kw, sw, dh, dw in tiles:
+        xrow = ((px - 1) * sw + (kw - 1) * dw + 1) * cbi + 2 * cbi
+        name = dwc_micro(cbi, px, kh, kw, sw, dh, dw, xrow)
+        names.append((name, px, kh, kw, dh, xrow))
+        src += micro_c(name, t.lanes) + (f"void w_{name}(const float* x, const float* w, float* c, int64_t ldc) "
+                                         f"{{ dlcc_uk_{name}(x, w, c, ldc); }}\n")
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for name, px, kh, kw, dh, xrow in names:
+            x = rng.standard_normal(((kh - 1) * dh + 1) * xrow).astype(np.float32)
+            w = rng.standard_normal(kh * kw * cbi).astype(np.float32)
+            ldc = px + DCONV_PAD + 3
+            want = np.full(ldc * cbi, 7.0, np.float32)
+            MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, {"ldc": ldc})
+            got = np.full(ldc * cbi, 7.0, np.float32)
+            fn = getattr(lib, f"w_{name}")
+            fn.argtypes = [ptr, ptr, ptr, i64]
+            fn(x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc)
+            got, want = got.reshape(cbi, ldc), want.reshape(cbi, ldc)
+            np.testing.assert_allclose(got[:, :px], want[:, :px], rtol=1e-5, atol=1e-5)
+            assert (got[:, px + DCONV_PAD:] == 7.0).all()

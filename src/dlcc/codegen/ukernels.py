@@ -40,6 +40,7 @@ _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})$")
+_DWC = re.compile(r"dwc_(\d+(?:_\d+){7})$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -56,7 +57,10 @@ def micro_c(name: str, lanes: int) -> str:
                       accumulate=bool(m.group(1)))
     m = _NCHWC.match(name)
     if m is not None:
-        return _nchwc(name, *(int(v) for v in m.group(1).split("_")))
+        return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes)
+    m = _DWC.match(name)
+    if m is not None:
+        return _dwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes)
     spec = AttnSpec.parse(name)
     if spec is not None:
         return _attn(spec, lanes)
@@ -359,6 +363,27 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
             f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
+def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int) -> str:
+    """A depthwise-convolution register tile (contract: ``lower.micro.dwc_micro``): accumulator a{p} holds the
+    cbi (= lanes) channels of pixel p; per tap, the channels' weights are one vector load and each pixel's
+    inputs one vector (on AVX-512, the FMA's memory operand); the tile is transposed in registers
+    (``_transpose_store``) into ``c``, channel-major."""
+    if cbi != lanes:
+        raise ValueError(f"dwc micro-kernel: a block of {cbi} channels is not one vector of {lanes}")
+    acc = [f"a{p}" for p in range(px)]
+    lines = [f"dlcc_vf {', '.join(acc)};"] + [f"{a} = (dlcc_vf){{0}};" for a in acc]
+    for ky in range(kh):
+        for kx in range(kw):
+            base = ky * dh * xrow + kx * dw * cbi
+            fmas = " ".join(f"{acc[p]} += wv * dlcc_vf_load(x + {base + p * sw * cbi});" for p in range(px))
+            lines.append(f"{{ const dlcc_vf wv = dlcc_vf_load(w + {(ky * kw + kx) * cbi}); {fmas} }}")
+    for pb in range(0, px, lanes):
+        rows = [acc[pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
+        lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {pb}")) + "\n}")
+    return (f"static void dlcc_uk_{name}(const float* restrict x, const float* restrict w, float* restrict c, "
+            f"int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
+
+
 def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = False) -> str:
     """Store the transpose of the lanes x lanes block whose rows are the vectors ``rows``: row l of the
     transpose (lane l of every input row) as one vector at ``dest + l * ldc``. log2(lanes) rounds of
@@ -381,11 +406,28 @@ def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = 
     return "\n".join(out)
 
 
-def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:
+def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, *, lanes: int) -> str:
     """The repacking of one channel block with its zero ring (contract: ``lower.micro.nchwc_micro``): rows in
     the ring are zeroed whole; inside, each pixel's cbi channels are gathered (stores stay contiguous). Rows
-    and columns beyond hp x wp (which no tap reads) are not copied."""
+    and columns beyond hp x wp (which no tap reads) are not copied. With a full block of cbi = lanes channels,
+    each run of lanes pixels is lanes vector loads (one per channel), a transpose in registers
+    (``_transpose_store``) and lanes vector stores (one per pixel)."""
     wc = max(0, min(w, wp - pw))  # columns copied
+    fast = ""
+    if cbi == lanes and wc >= lanes:
+        rows = [f"dlcc_vf_load(s + {i} * xc + xx)" for i in range(lanes)]
+        tr = indent(_transpose_store(rows, lanes, f"d + (xx + {pw}) * {cbi}"), 3)
+        fast = f"""
+        if (nci == {cbi}) {{
+            const int64_t ldc = {cbi};
+            int64_t xx = 0;
+            for (; xx + {lanes} <= {wc}; xx += {lanes}) {{
+{tr}
+            }}
+            for (; xx < {wc}; ++xx)
+                for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = s[i * xc + xx];
+            continue;
+        }}"""
     return f"""static void dlcc_uk_{name}(const float* restrict x, int64_t xc, int64_t xh, int64_t nci,
                                 float* restrict ws) {{
     for (int64_t yy = 0; yy < {hp}; ++yy) {{
@@ -397,7 +439,7 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
         }}
         for (int64_t q = 0; q < {pw * cbi}; ++q) d[q] = 0.0f;
         for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = 0.0f;
-        const float* restrict s = x + iy * xh;
+        const float* restrict s = x + iy * xh;{fast}
         for (int64_t xx = 0; xx < {wc}; ++xx)
             for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx] : 0.0f;
     }}

@@ -23,6 +23,13 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         ldc >= px + 16. ``wskip``: weights after each channel block's kh kernel rows that are not read (the
         kernel rows of a convolution that no output row of this tile reaches inside the input).
 
+    dwc_{cbi}_{px}_{kh}_{kw}_{sw}_{dh}_{dw}_{xrow}(x, w, c, ldc)
+        one register tile of a depthwise convolution over a channel block of ``cbi`` channels (the vector width,
+        in ``nchwc_``'s layout), every channel its own: c[o*ldc + p] = sum_{ky, kx} w[(ky*kw + kx)*cbi + o]
+        * x[ky*dh*xrow + (p*sw + kx*dw)*cbi + o] for o < cbi, p < px; one vector FMA per tap and pixel; the
+        elements c[o*ldc + p] for px <= p < px + 16 may be overwritten (stored as whole vectors), so
+        ldc >= px + 16.
+
     nchwc_{cbi}_{h}_{w}_{ph}_{pw}_{hp}_{wp}(x, xc, xh, nci, ws)
         one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
         x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
@@ -47,8 +54,8 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["ATTN_WS_LANES", "DCONV_PAD", "AttnSpec", "attn_micro", "attn_reference", "dconv_micro", "dwconv_micro",
-           "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
+__all__ = ["ATTN_WS_LANES", "DCONV_PAD", "AttnSpec", "attn_micro", "attn_reference", "dconv_micro", "dwc_micro",
+           "dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -213,6 +220,37 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
         f"c[o*ldc + p] {'+' if accumulate else ''}= sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * "
         f"x[b*{xcb} + ky*{dh * xrow} "
         f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}", footprint, reference)
+    return name
+
+
+def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int) -> str:
+    """The name of a depthwise-convolution register tile (``cbi`` channels x ``px`` pixels of an output row)
+    over a channel block in ``nchwc_``'s layout, registering its contract on first use (module docstring)."""
+    name = "dwc_" + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow))
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        span = (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
+        return {"x": (1, 0, span), "w": (1, 0, kh * kw * cbi), "c": (cbi, s["ldc"], px + DCONV_PAD)}
+
+    def reference(arrays, offsets, s) -> None:
+        x, xo = arrays["x"], offsets["x"]
+        wt = arrays["w"][offsets["w"]:offsets["w"] + kh * kw * cbi].reshape(kh, kw, cbi).astype(np.float64)
+        acc = np.zeros((px, cbi))
+        for ky in range(kh):
+            for kx in range(kw):
+                for p in range(px):
+                    at = xo + ky * dh * xrow + (p * sw + kx * dw) * cbi
+                    acc[p] += x[at:at + cbi].astype(np.float64) * wt[ky, kx]
+        c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
+        for o in range(cbi):
+            c[co + o * ldc:co + o * ldc + px] = acc[:, o]
+
+    MICRO[name] = MicroKernel(
+        name, (("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
+        f"c[o*ldc + p] = sum over taps of w[(ky*{kw} + kx)*{cbi} + o] * x[ky*{dh * xrow} + (p*{sw} + kx*{dw})*{cbi}"
+        f" + o], o < {cbi}, p < {px}", footprint, reference)
     return name
 
 

@@ -1,22 +1,55 @@
 """The schedule of a depthwise convolution (one input channel per output channel) for one target.
 
-What goes in: the convolution's geometry (``schedule.gemm.ConvGeometry``; ``ci`` = channels), the batch
-and the thread count. What comes out: the loop IR (``dw_func``): threads over channel ranges; per image,
-channel, the plane micro-kernel ``dwplane_...`` (``lower.micro.dwconv_micro``: per output row, the kernel
-rows inside the plane, the interior columns one vectorizable loop of kw FMAs at constant offsets, the edges
-tested tap by tap), then the fused epilogue over the plane while it is in L1/L2.
+What goes in: the convolution's geometry (``schedule.gemm.ConvGeometry``; ``ci`` = channels), the batch,
+the ``Target`` and the thread count. What comes out: the loop IR, in one of two forms.
+
+- Channel-blocked (``DwcPlan``, ``dwc_func``; where a target vector holds several channels and the workspace
+  has room): threads over blocks of ``lanes`` channels; per image and block, the block repacked with its zero
+  ring into the thread's workspace (``nchwc_...``: every pixel's channels one vector, no tap ever outside),
+  then per output row register tiles of up to ``px`` pixels (``dwc_...``: one vector FMA per tap and pixel,
+  the tile transposed into a local channel-major row), then the fused epilogue along the row, or along the
+  block's whole plane when it is small (rows of 7, 14 or 28 pixels are short loops). Every tap of every
+  pixel is one FMA on a full vector, whatever the plane's width: the form that pays on 14 x 14 and 28 x 28
+  planes and 5 x 5 kernels, where a plane's rows fill vectors poorly.
+- Per plane (``dw_func``): threads over channel ranges; per image, channel, the plane micro-kernel
+  ``dwplane_...`` (``lower.micro.dwconv_micro``: per output row, the kernel rows inside the plane, the
+  interior columns one vectorizable loop of kw FMAs at constant offsets, the edges tested tap by tap), then
+  the fused epilogue over the plane while it is in L1/L2.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from dlcc.lower.lir import Buf, Const, Epilogue, Expr, For, Func, Load, Micro, Ptr, Stmt, Var
-from dlcc.lower.micro import dwconv_micro
+import numpy as np
+
+from dlcc.lower.lir import (
+    Alloc,
+    Bin,
+    Buf,
+    Const,
+    Epilogue,
+    Expr,
+    For,
+    Func,
+    Layout,
+    Load,
+    Micro,
+    Ptr,
+    Stmt,
+    Store,
+    Var,
+    simplify,
+)
+from dlcc.lower.micro import DCONV_PAD, dwc_micro, dwconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.loops import share
+from dlcc.schedule.target import Target
 
-__all__ = ["DW_PAR_MIN_OUTPUTS", "dw_func", "dw_threads"]
+__all__ = ["DW_PAR_MIN_OUTPUTS", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "pack_dwc", "plan_dwc"]
+
+PLANE_BYTES = 48 * 1024  # a block's whole output plane up to this size: one epilogue loop over it
 
 DW_PAR_MIN_OUTPUTS = 1 << 15  # fewer outputs than this: one thread (a dispatch costs more than it saves)
 
@@ -54,3 +87,93 @@ def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (x, wt, c), body)
+
+
+@dataclass(frozen=True)
+class DwcPlan:
+    g: ConvGeometry
+    batch: int
+    cbi: int  # channels per block: the target's vector width
+    px: int  # output pixels per register tile
+    hp: int  # rows and columns of a repacked block (the zero ring included: every tap of every output inside)
+    wp: int
+    threads: int
+
+    @property
+    def ncb(self) -> int:
+        return -(-self.g.ci // self.cbi)
+
+    @property
+    def whole(self) -> bool:
+        """The block's whole output plane in the local buffer (one epilogue loop over it)."""
+        return 4 * self.cbi * self.g.oh * self.g.ow <= PLANE_BYTES
+
+    @property
+    def workspace_floats(self) -> int:
+        return self.threads * self.hp * self.wp * self.cbi
+
+
+def plan_dwc(g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DwcPlan | None:
+    """The channel-blocked plan, or None where it does not apply: one channel per vector (scalar targets)."""
+    cbi = target.lanes
+    if cbi < 4:
+        return None
+    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
+    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    px = max(1, min(14, g.ow, target.vector_registers - 4))
+    return DwcPlan(g, batch, cbi, px, hp, wp, dw_threads(g, batch, threads))
+
+
+def pack_dwc(w: np.ndarray, p: DwcPlan) -> np.ndarray:
+    """The weight (C, kh*kw) as [channel block][tap][c < cbi], zero beyond the last channel."""
+    c, taps = w.shape
+    wz = np.zeros((p.ncb * p.cbi, taps), np.float32)
+    wz[:c] = w
+    return np.ascontiguousarray(wz.reshape(p.ncb, p.cbi, taps).transpose(0, 2, 1)).reshape(p.ncb, taps * p.cbi)
+
+
+def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "dwconv_blocked",
+             fresh: Callable[[str], str] = str) -> Func:
+    """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps W[ch, ky*kw + kx] * x[b, ch, oy*sh + ky*dh - ph, ox*sw +
+    kx*dw - pw]`` (zero padding) following ``p`` (module docstring): ``x`` (N, C, H, W) with unit column stride,
+    ``wp`` the weight packed by ``pack_dwc``, ``c`` (N, C, OH*OW) with unit pixel stride, ``ws`` the workspace
+    (each thread's repacked block). Without ``epilogue`` the local tiles are copied into ``c``."""
+    g, T, cbi = p.g, p.threads, p.cbi
+    t, b, cb, oy, xt, o, q = (Var(fresh(v)) for v in ("t", "b", "cb", "oy", "xt", "o", "q"))
+    tv: Expr = t if T > 1 else Const(0)
+    xd = x.layout.dims
+    block = p.hp * p.wp * cbi
+    wsb = tv * block
+    nci = Bin("min", Const(cbi), Const(g.ci) - cb * cbi) if g.ci % cbi else Const(cbi)
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
+        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci),
+        Ptr(ws, (simplify(wsb),))))
+    span = g.oh * g.ow if p.whole else g.ow
+    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span + DCONV_PAD)), "stack")  # (tiles store vectors)
+    at0 = oy * g.ow if p.whole else Const(0)
+
+    def tile(x0: Expr, px: int) -> Stmt:
+        xoff = simplify(wsb + oy * (g.sh * p.wp * cbi) + x0 * (g.sw * cbi))
+        uk = dwc_micro(cbi, px, g.kh, g.kw, g.sw, g.dh, g.dw, p.wp * cbi)
+        return Micro(uk, (Ptr(ws, (xoff,)), Ptr(wp, (cb, Const(0))), Ptr(acc, (Const(0), simplify(at0 + x0))),
+                          Const(span + DCONV_PAD)))
+
+    nfull, tail = divmod(g.ow, p.px)
+    row: tuple[Stmt, ...] = ()
+    if nfull:
+        row += (For(xt, Const(0), Const(nfull), (tile(simplify(xt * p.px), p.px),)),)
+    if tail:
+        row += (tile(Const(nfull * p.px), tail),)
+    base = Const(0) if p.whole else oy * g.ow
+    idx = (b, cb * cbi + o, simplify(base + q))
+    store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))
+    finish = For(o, Const(0), simplify(nci), (For(q, Const(0), Const(span), (store,), "vectorized"),))
+    if p.whole:
+        nest: tuple[Stmt, ...] = (Alloc(acc, (For(oy, Const(0), Const(g.oh), row), finish)),)
+    else:
+        nest = (For(oy, Const(0), Const(g.oh), (Alloc(acc, (*row, finish)),)),)
+    c0, c1 = share(tv, p.ncb, T)
+    body: tuple[Stmt, ...] = (For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack, *nest)),)),)
+    if T > 1:
+        body = (For(t, Const(0), Const(T), body, "parallel"),)
+    return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))

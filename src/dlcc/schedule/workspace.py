@@ -3,8 +3,9 @@
 What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What comes out: the same
 program where each template step that needs scratch owns a ``temp`` buffer of that size (``Step.workspace``:
 a packed GEMM's panels (MatMul/Gemm with a weight B, group-1 2-D convolutions with a weight), the blocked
-direct convolution's channel-blocked input, the row kernel's staged input (every other Conv but the
-depthwise ones, and ConvTranspose: ``schedule.convrows``), dlcc::Attention's per-thread K, V and probability
+direct convolution's channel-blocked input, the channel-blocked depthwise convolution's repacked block per
+thread (``schedule.dwconv``), the row kernel's staged input (every other Conv, and ConvTranspose:
+``schedule.convrows``), dlcc::Attention's per-thread K, V and probability
 rows (``schedule.attention``)), written by its kernel; the memory planner then
 places it in the arena with everything else, and codegen hands it to the template.
 """
@@ -22,6 +23,7 @@ from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
 from dlcc.schedule.direct import direct_pays, plan_direct, trim_taps
+from dlcc.schedule.dwconv import plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -111,6 +113,26 @@ def _rows_bytes(node: ir.Node, target: Target, threads: int) -> int:
         return 0
 
 
+def _depthwise_bytes(node: ir.Node, target: Target, threads: int) -> int:
+    """A depthwise convolution: the channel-blocked form's repacked block per thread (``schedule.dwconv``), 0
+    where the plane kernel runs instead."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if y.shape is None:
+        return 0
+    xs, ws, ys = _shape(x), _shape(w), _shape(y)
+    if len(ws) != 4 or len(ys) != 4 or min(*xs, *ws, *ys) < 1:
+        return 0
+    attrs = node_attr(node)
+    (sh, sw), (dh, dw) = (tuple(int(v) for v in attrs(a, [1, 1])) for a in ("strides", "dilations"))
+    try:
+        pb, _ = conv_pads(attrs, "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
+    except TemplateError:
+        return 0
+    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, pb[0], pb[1])
+    plan = plan_dwc(g, xs[0], target, threads)
+    return 4 * plan.workspace_floats if plan is not None else 0
+
+
 def _attention_bytes(node: ir.Node, target: Target, threads: int) -> int:
     """dlcc::Attention: K transposed, V and a few rows of probabilities per thread (``schedule.attention``)."""
     if len(node.inputs) < 3 or any(v is None or v.shape is None for v in node.inputs[:3]):
@@ -133,7 +155,7 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
         group = int(node_attr(node)("group", 1))
         if (x.shape is not None and w.shape is not None and len(x.shape) == 4 and group == _shape(x)[1] == _shape(w)[0]
                 and group > 1 and is_const(w)):
-            return 0  # depthwise: the plane kernel
+            return _depthwise_bytes(node, target, threads)
         dims = _pointwise_conv_dims(node, is_const)
         rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
         if dims is not None:  # a 1x1 stride-1 one may take either form: room for both

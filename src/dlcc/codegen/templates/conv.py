@@ -32,7 +32,7 @@ from dlcc.codegen.templates import TemplateCall, register
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
 from dlcc.schedule.direct import DirectPlan, direct_func, direct_pays, pack_direct, plan_direct, trim_taps
-from dlcc.schedule.dwconv import dw_func
+from dlcc.schedule.dwconv import DwcPlan, dw_func, dwc_func, pack_dwc, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -301,21 +301,43 @@ def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], s
 
 
 def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None, g: ConvGeometry) -> str:
-    """A depthwise convolution (one channel per group) in the loop IR (``schedule.dwconv``): per channel, the
-    plane micro-kernel, then bias and the fused epilogue as one loop over the plane (vectorized)."""
+    """A depthwise convolution (one channel per group) in the loop IR (``schedule.dwconv``): channel-blocked
+    where the target's vectors hold several channels and the workspace has room, else per channel the plane
+    micro-kernel; then bias and the fused epilogue (vectorized)."""
     N, c = xref.shape[0], call.scratch
-    wpk = call.packed(w2)
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    wt = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
     cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh * g.ow), None, c.offset))
     trivial = call.direct and bref is None
-    f = dw_func(g, N, x, wt, cb, not trivial, call.threads, fresh=call.names, flat=True)
-    _verify_dw_once(g, N, xref.shape, xref.strides, not trivial, call.threads)
+    plan = plan_dwc(g, N, call.target, call.threads)
+    ws = call.workspace
+    if plan is not None and ws is not None and plan.workspace_floats <= ws.size:
+        wpk = call.packed(pack_dwc(w2, plan))
+        wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
+        wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+        f = dwc_func(plan, x, wp, cb, wsb, not trivial, fresh=call.names)
+        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial, ws.size)
+        extra = {wsb.name: ws.base()}
+    else:
+        wpk = call.packed(w2)
+        wt = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
+        f = dw_func(g, N, x, wt, cb, not trivial, call.threads, fresh=call.names, flat=True)
+        _verify_dw_once(g, N, xref.shape, xref.strides, not trivial, call.threads)
+        extra = {}
 
     def store(idx, v):
         return _pixel_store(call, bref, [g.oh, g.ow], idx, v)
 
-    return call.emit(f, store)
+    return call.emit(f, store, extra)
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_dwc_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
+                     ws_floats: int) -> None:
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(dwc_func(plan, x, wp, c, ws, epilogue))
 
 
 @functools.lru_cache(maxsize=256)
