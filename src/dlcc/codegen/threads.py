@@ -111,12 +111,19 @@ def outline(kernel: str, body: str, params: list[str]) -> tuple[str, str]:
         fields = [re.sub(r"\brestrict\b\s*", "", p) for p in params]
         names = [p.rsplit(" ", 1)[-1].lstrip("*") for p in params]
         struct = f"struct {name}_ctx {{ {' '.join(f + ';' for f in fields) or 'char unused_;'} }};"
-        unpack = "\n".join(f"{p} = c_->{n};" for p, n in zip(params, names, strict=True))
-        task = (f"{struct}\nstatic void {name}(void *ctx_, int64_t dlcc_lo, int64_t dlcc_hi) {{\n"
-                f"    const struct {name}_ctx *c_ = (const struct {name}_ctx *)ctx_;\n"
-                + indent(unpack) + ("\n" if unpack else "") + indent(loop.prefix) + ("\n" if loop.prefix else "")
+        # the loop runs in a function whose pointer parameters are restrict-qualified, as the kernel's are: C
+        # compilers honour restrict on parameters (on locals loaded from the context they may not, and then
+        # reload and recompute what the kernel hoists, e.g. a per-channel sigmoid in an elementwise loop)
+        args = ", ".join(f"c_->{n}" for n in names)
+        task = (f"{struct}\nstatic __attribute__((noinline)) void {name}_run("
+                + "".join(f"{p}, " for p in params) + "int64_t dlcc_lo, int64_t dlcc_hi) {\n"
+                + indent(loop.prefix) + ("\n" if loop.prefix else "")
                 + f"    for (int64_t {loop.var} = dlcc_lo; {loop.var} < dlcc_hi; ++{loop.var}) {{"
-                + loop.body + "}\n}\n")
+                + loop.body + "}\n}\n"
+                + f"static void {name}(void *ctx_, int64_t dlcc_lo, int64_t dlcc_hi) {{\n"
+                f"    const struct {name}_ctx *c_ = (const struct {name}_ctx *)ctx_;\n"
+                + ("    (void)c_;\n" if not names else "")
+                + f"    {name}_run({args}{', ' if args else ''}dlcc_lo, dlcc_hi);\n}}\n")
         tasks.append(task)
         init = ", ".join(f"({f.rsplit(' ', 1)[0]}){n}" for f, n in zip(fields, names, strict=True))
         serial = f"{indent(loop.prefix)}\n" if loop.suffix else ""  # (the suffix may read the prefix's names)
