@@ -7,8 +7,9 @@ the ``Target`` and the thread count. What comes out: the loop IR, in one of two 
   has room): threads over blocks of ``lanes`` channels; per image and block, the block repacked with its zero
   ring into the thread's workspace (``nchwc_...``: every pixel's channels one vector, no tap ever outside),
   then per output row register tiles of up to ``px`` pixels (``dwc_...``: one vector FMA per tap and pixel,
-  the tile transposed into a local channel-major row), then the fused epilogue along the row, or along the
-  block's whole plane when it is small (rows of 7, 14 or 28 pixels are short loops). Every tap of every
+  the tile transposed into a local channel-major buffer that holds a band of rows), then the fused epilogue
+  along the band's rows as one loop (the whole plane when it is small: rows of 7, 14 or 28 pixels alone are
+  short loops). Every tap of every
   pixel is one FMA on a full vector, whatever the plane's width: the form that pays on 14 x 14 and 28 x 28
   planes and 5 x 5 kernels, where a plane's rows fill vectors poorly.
 - Per plane (``dw_func``): threads over channel ranges; per image, channel, the plane micro-kernel
@@ -104,9 +105,14 @@ class DwcPlan:
         return -(-self.g.ci // self.cbi)
 
     @property
-    def whole(self) -> bool:
-        """The block's whole output plane in the local buffer (one epilogue loop over it)."""
-        return 4 * self.cbi * self.g.oh * self.g.ow <= PLANE_BYTES
+    def band(self) -> int:
+        """Output rows per band: the local buffer holds a band's rows of the block (at most PLANE_BYTES, the
+        whole plane when it fits), and the epilogue runs along them as one loop (a band's rows are contiguous
+        in the output plane: rows of 7, 14 or 28 pixels alone are short loops with a scalar tail)."""
+        g = self.g
+        most = max(1, min(g.oh, PLANE_BYTES // (4 * self.cbi * g.ow)))
+        nb = -(-g.oh // most)
+        return -(-g.oh // nb)
 
     @property
     def workspace_floats(self) -> int:
@@ -148,15 +154,18 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
         Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci),
         Ptr(ws, (simplify(wsb),))))
-    span = g.oh * g.ow if p.whole else g.ow
+    band = p.band
+    nb = -(-g.oh // band)
+    ob = Var(fresh("ob"))
+    span = band * g.ow
     acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span + DCONV_PAD)), "stack")  # (tiles store vectors)
-    at0 = oy * g.ow if p.whole else Const(0)
+    oy0 = ob * band if nb > 1 else Const(0)
 
     def tile(x0: Expr, px: int) -> Stmt:
         xoff = simplify(wsb + oy * (g.sh * p.wp * cbi) + x0 * (g.sw * cbi))
         uk = dwc_micro(cbi, px, g.kh, g.kw, g.sw, g.dh, g.dw, p.wp * cbi)
-        return Micro(uk, (Ptr(ws, (xoff,)), Ptr(wp, (cb, Const(0))), Ptr(acc, (Const(0), simplify(at0 + x0))),
-                          Const(span + DCONV_PAD)))
+        return Micro(uk, (Ptr(ws, (xoff,)), Ptr(wp, (cb, Const(0))),
+                          Ptr(acc, (Const(0), simplify((oy - oy0) * g.ow + x0))), Const(span + DCONV_PAD)))
 
     nfull, tail = divmod(g.ow, p.px)
     row: tuple[Stmt, ...] = ()
@@ -164,14 +173,13 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
         row += (For(xt, Const(0), Const(nfull), (tile(simplify(xt * p.px), p.px),)),)
     if tail:
         row += (tile(Const(nfull * p.px), tail),)
-    base = Const(0) if p.whole else oy * g.ow
-    idx = (b, cb * cbi + o, simplify(base + q))
+    last = simplify(Bin("min", Const(g.oh), oy0 + band)) if g.oh % band else simplify(oy0 + band)
+    idx = (b, cb * cbi + o, simplify(oy0 * g.ow + q))
     store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))
-    finish = For(o, Const(0), simplify(nci), (For(q, Const(0), Const(span), (store,), "vectorized"),))
-    if p.whole:
-        nest: tuple[Stmt, ...] = (Alloc(acc, (For(oy, Const(0), Const(g.oh), row), finish)),)
-    else:
-        nest = (For(oy, Const(0), Const(g.oh), (Alloc(acc, (*row, finish)),)),)
+    finish = For(o, Const(0), simplify(nci), (For(q, Const(0), simplify((last - oy0) * g.ow), (store,),
+                                                  "vectorized"),))
+    rows = Alloc(acc, (For(oy, oy0, last, row), finish))
+    nest: tuple[Stmt, ...] = (For(ob, Const(0), Const(nb), (rows,)),) if nb > 1 else (rows,)
     c0, c1 = share(tv, p.ncb, T)
     body: tuple[Stmt, ...] = (For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack, *nest)),)),)
     if T > 1:
