@@ -24,6 +24,7 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (2, 20, 7, 7, 40, 3, 2, 1, 1, 2),  # a partial input block, batch, stride
     (1, 17, 10, 9, 33, 3, 1, 2, 2, 2),  # dilation, an output-channel tile past the channels
     (1, 16, 16, 30, 64, 3, 1, 1, 1, 2),  # two pixel tiles per row and a tail, threads over rows
+    (1, 16, 30, 28, 64, 3, 1, 1, 1, 2),  # threads over rows, each thread's 15 in bands of 13 and 2
     (1, 3, 11, 11, 8, 5, 2, 1, 2, 1),  # 5x5 stride 2
     (3, 16, 32, 32, 32, 3, 2, 1, 0, 2),  # unpadded stride 2: the last input column is never read
     (1, 32, 7, 7, 96, 3, 1, 1, 1, 2),  # 7-wide rows: 4-vector tiles, threads over channel tiles

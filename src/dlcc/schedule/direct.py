@@ -79,6 +79,12 @@ class DirectPlan:
         return -(-self.co // self.no)
 
     @property
+    def band(self) -> int:
+        """"rows": output rows per band of the local buffer (up to PLANE_BYTES; its epilogue runs along the band's
+        contiguous rows as one loop: a 28-pixel row alone leaves a scalar tail of 12 per channel)."""
+        return max(1, min(-(-self.g.oh // self.threads), PLANE_BYTES // (4 * self.no * self.g.ow)))
+
+    @property
     def workspace_floats(self) -> int:
         return self.batch * self.ncb * self.hp * self.wp * self.cbi
 
@@ -229,9 +235,13 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
     # as long as the row or the plane: it vectorizes)
     whole = p.order in ("plane", "chunks")  # the tile's whole output plane in the local buffer
-    span = g.oh * g.ow if whole else g.ow
+    band = p.band if p.order == "rows" else 1  # "rows": a band of output rows of a tile in the local buffer
+    ob = Var(fresh("ob"))
+    r0, r1 = share(tv2, g.oh, T)
+    first = simplify(r0 + ob * band)  # the band's first row (band > 1)
+    span = g.oh * g.ow if whole else band * g.ow
     acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span + DCONV_PAD)), "stack")  # (tiles store vectors)
-    at0 = oy * g.ow if whole else Const(0)
+    at0 = oy * g.ow if whole else (oy - first) * g.ow if band > 1 else Const(0)
     Chunk = tuple[Expr, Expr, bool] | None  # (first input block, blocks, accumulate), or all blocks
 
     def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk) -> Stmt:
@@ -279,8 +289,14 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     epilogue = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
         For(q, Const(0), Const(span), (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
             "vectorized"),))
-    if p.order == "rows":
-        r0, r1 = share(tv2, g.oh, T)
+    if p.order == "rows" and band > 1:  # per band of rows: every channel tile's rows, then its epilogue along them
+        last = simplify(Bin("min", r1, first + band))
+        epi = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
+            For(q, Const(0), simplify((last - first) * g.ow), (
+                Epilogue((b, oct * p.no + o, simplify(first * g.ow + q)), Load(acc, (o, q))),), "vectorized"),))
+        per_tile = For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*rows(first, last, lambda t: t), epi)),))
+        nest = (For(ob, Const(0), simplify((r1 - r0 + (band - 1)) // band), (per_tile,)),)
+    elif p.order == "rows":
         nest = rows(r0, r1, lambda t: (For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*t, epilogue)),)),))
     elif p.order == "oc":
         o0, o1 = share(tv2, p.n_oct, T)
