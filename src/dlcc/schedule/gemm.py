@@ -12,7 +12,9 @@ in L1), for each column micro-panel: the mr x nr micro-kernel. The register tile
 x86 (3 on 32-register NEON), mr = as many rows as the remaining registers hold (AVX-512 14 x 32,
 AVX2 6 x 16, NEON 8 x 12). kc keeps an A micro-panel in half of L1; nc keeps a B block in half of L2.
 Threads split the row micro-panels (each thread packs only its rows); with fewer row micro-panels than
-threads they split the column micro-panels instead.
+threads they split the column micro-panels instead. When a thread's column micro-panels are one block (B's
+K block stays in L2 whole: ConvNeXt's 3136 x 384 x 96), each row micro-panel of A is packed right before
+its tiles instead, so that it is read from L1 and the packed rows never make a pass through memory.
 """
 
 from __future__ import annotations
@@ -107,7 +109,14 @@ class GemmPlan:
             return self.row_blocks * self.mr * self.k // self.threads + 1
         if self.pack == "i":  # one row micro-panel, or all the thread's when B is blocked by columns
             return self.kc * self.mr * (self.rows_per_thread() if self.col_panels > self.nc else 1)
-        return self.rows_per_thread() * self.mr * self.kc
+        return (1 if self.one_column_block else self.rows_per_thread()) * self.mr * self.kc
+
+    @property
+    def one_column_block(self) -> bool:
+        """Each thread's column micro-panels are one block of B (they stay in L2 together): "a" packs one row
+        micro-panel of A at a time, right before the tiles that read it (from L1), instead of all the thread's rows
+        of the K block first (for 3136 rows, a 4.8 MB pass through memory and back)."""
+        return -(-self.col_panels // self.tn) <= self.nc
 
     @property
     def workspace_bytes(self) -> int:
@@ -206,12 +215,20 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     tv: Expr = t if T > 1 else Const(0)
     rb0, rb1, cb0, cb1 = _thread_ranges(p, tv)
     k0, kcv, rows, cols = _edges(p, pc, ib, jp)
-    panel = simplify(tv * p.workspace_floats + (ib - rb0) * (KC * MR))
-    pack = For(ib, rb0, rb1, (For(kk, Const(0), kcv, (
-        For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),)),))
+    one = p.one_column_block
+    panel = simplify(tv * p.workspace_floats + (Const(0) if one else (ib - rb0) * (KC * MR)))
+    pack_one = For(kk, Const(0), kcv, (
+        For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),))
+    pack = For(ib, rb0, rb1, (pack_one,))
 
     tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), _panel(p, bp, pc, jp, k0, kcv), c, Const(N), cols,
                    epilogue)
+    if one:  # per row micro-panel: pack it, then every column micro-panel of the thread against it
+        per_row = For(ib, rb0, rb1, (pack_one, For(jp, cb0, cb1, tiles)))
+        body1: tuple[Stmt, ...] = (For(pc, Const(0), Const(NK), (per_row,)),)
+        if T > 1:
+            body1 = (For(t, Const(0), Const(T), body1, "parallel"),)
+        return Func(name, (a, bp, c), (Alloc(ws, body1),), (ws,))
     jfirst = cb0 + jb * p.nc
     jlast = Bin("min", cb1, jfirst + p.nc)
     nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
