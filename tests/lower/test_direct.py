@@ -25,6 +25,7 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (1, 17, 10, 9, 33, 3, 1, 2, 2, 2),  # dilation, an output-channel tile past the channels
     (1, 16, 16, 30, 64, 3, 1, 1, 1, 2),  # two pixel tiles per row and a tail, threads over rows
     (1, 16, 30, 28, 64, 3, 1, 1, 1, 2),  # threads over rows, each thread's 15 in bands of 13 and 2
+    (1, 3, 23, 21, 32, 3, 2, 1, 1, 2),  # one input block, two threads: the block's rows repacked in two halves
     (1, 3, 11, 11, 8, 5, 2, 1, 2, 1),  # 5x5 stride 2
     (3, 16, 32, 32, 32, 3, 2, 1, 0, 2),  # unpadded stride 2: the last input column is never read
     (1, 32, 7, 7, 96, 3, 1, 1, 1, 2),  # 7-wide rows: 4-vector tiles, threads over channel tiles
@@ -121,7 +122,8 @@ def test_direct_micro_kernels_match_their_contracts(target):
         name = nchwc_micro(*geo)
         names.append(("nchwc", name, geo))
         src += micro_c(name, t.lanes) + (f"void w_{name}(const float* x, int64_t xc, int64_t xh, int64_t nci, "
-                                         f"float* ws) {{ dlcc_uk_{name}(x, xc, xh, nci, ws); }}\n")
+                                         f"int64_t y0, int64_t rows, float* ws) "
+                                         f"{{ dlcc_uk_{name}(x, xc, xh, nci, y0, rows, ws); }}\n")
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     with tempfile.TemporaryDirectory() as tmp:
         lib = _build(src, tmp, t)
@@ -145,13 +147,15 @@ def test_direct_micro_kernels_match_their_contracts(target):
                 cbi, h, w_, ph, pw, hp, wp = geo
                 xc, xh = h * (w_ + 2) + 1, w_ + 2
                 x = rng.standard_normal(cbi * xc).astype(np.float32)
-                for nci in (cbi, max(1, cbi - 2)):
+                for nci, y0, y1 in ((cbi, 0, hp), (max(1, cbi - 2), 0, hp), (cbi, 1, hp - 1)):  # a band of rows
                     want = np.full(hp * wp * cbi + 3, 7.0, np.float32)
-                    MICRO[name].reference({"x": x, "ws": want}, {"x": 0, "ws": 0}, {"xc": xc, "xh": xh, "nci": nci})
+                    MICRO[name].reference({"x": x, "ws": want}, {"x": 0, "ws": 0},
+                                          {"xc": xc, "xh": xh, "nci": nci, "y0": y0, "rows": y1 - y0})
                     got = np.full(hp * wp * cbi + 3, 7.0, np.float32)
-                    fn.argtypes = [ptr, i64, i64, i64, ptr]
-                    fn(x.ctypes.data_as(ptr), xc, xh, nci, got.ctypes.data_as(ptr))
+                    fn.argtypes = [ptr, i64, i64, i64, i64, i64, ptr]
+                    fn(x.ctypes.data_as(ptr), xc, xh, nci, y0, y1 - y0, got.ctypes.data_as(ptr))
                     np.testing.assert_array_equal(got, want)
+                    assert (got[(y1 - y0) * wp * cbi:] == 7.0).all()  # nothing past the rows written
 
 
 @pytest.mark.parametrize("target", runnable_targets())

@@ -429,9 +429,9 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
             continue;
         }}"""
     return f"""static void dlcc_uk_{name}(const float* restrict x, int64_t xc, int64_t xh, int64_t nci,
-                                float* restrict ws) {{
-    for (int64_t yy = 0; yy < {hp}; ++yy) {{
-        float* restrict d = ws + yy * {wp * cbi};
+                                int64_t y0, int64_t rows, float* restrict ws) {{
+    for (int64_t yy = y0; yy < y0 + rows; ++yy) {{
+        float* restrict d = ws + (yy - y0) * {wp * cbi};
         const int64_t iy = yy - {ph};
         if (iy < 0 || iy >= {h}) {{
             for (int64_t q = 0; q < {wp * cbi}; ++q) d[q] = 0.0f;

@@ -30,7 +30,7 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         elements c[o*ldc + p] for px <= p < px + 16 may be overwritten (stored as whole vectors), so
         ldc >= px + 16.
 
-    nchwc_{cbi}_{h}_{w}_{ph}_{pw}_{hp}_{wp}(x, xc, xh, nci, ws)
+    nchwc_{cbi}_{h}_{w}_{ph}_{pw}_{hp}_{wp}(x, xc, xh, nci, y0, rows, ws)
         one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
         x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
         for yy < hp, xx < wp, i < cbi (rows and columns of the plane beyond hp x wp are not read).
@@ -256,27 +256,33 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
 
 def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:
     """The name of the repacking of one channel block of an image into rows of ``cbi``-channel pixels with a
-    zero ring (``ph``/``pw`` before, up to ``hp`` x ``wp``), registering its contract on first use."""
+    zero ring (``ph``/``pw`` before, up to ``hp`` x ``wp``), registering its contract on first use. A call
+    writes ``rows`` rows of the block from row y0, ``ws`` pointing at row y0 (threads may split a block)."""
     name = "nchwc_" + "_".join(str(v) for v in (cbi, h, w, ph, pw, hp, wp))
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        return {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + w), "ws": (1, 0, hp * wp * cbi)}
+        return {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + w),
+                "ws": (1, 0, max(1, min(hp, s["rows"])) * wp * cbi)}
 
     def reference(arrays, offsets, s) -> None:
         x, xo, xc, xh, nci = arrays["x"], offsets["x"], s["xc"], s["xh"], s["nci"]
+        y0, y1 = s["y0"], s["y0"] + s["rows"]
         out = np.zeros((hp, wp, cbi), arrays["ws"].dtype)
         wc = max(0, min(w, wp - pw))
         for i in range(nci):
             for y in range(min(h, hp - ph)):
                 out[ph + y, pw:pw + wc, i] = x[xo + i * xc + y * xh:xo + i * xc + y * xh + wc]
-        arrays["ws"][offsets["ws"]:offsets["ws"] + out.size] = out.ravel()
+        if y0 < y1:
+            o = offsets["ws"]
+            arrays["ws"][o:o + (y1 - y0) * wp * cbi] = out[y0:y1].ravel()
 
     MICRO[name] = MicroKernel(
-        name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("ws", "out")),
-        f"ws[(yy*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
-        "i < nci, else 0", footprint, reference)
+        name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("y0", "int"), ("rows", "int"),
+               ("ws", "out")),
+        f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
+        "i < nci, else 0, for y0 <= yy < y0 + rows", footprint, reference)
     return name
 
 

@@ -224,11 +224,15 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     tv2: Expr = t2 if T > 1 else Const(0)
     xd = x.layout.dims
     block = p.hp * p.wp * cbi
-    # phase 1: the input's channel blocks repacked with their zero ring (the threads split the blocks)
+    # phase 1: the input's channel blocks repacked with their zero ring (the threads split the blocks; with
+    # fewer blocks than threads, e.g. a first convolution's 3 channels, the rows of each block)
+    by_rows = ncb * p.batch < T
+    y0, y1 = share(tv1, p.hp, T) if by_rows else (Const(0), Const(p.hp))
     pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
         Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
-        Bin("min", Const(cbi), Const(g.ci) - cb * cbi), Ptr(ws, ((cb * p.batch + b) * block,))))
-    c0, c1 = share(tv1, ncb, T)
+        Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
+        Ptr(ws, (simplify((cb * p.batch + b) * block + y0 * (p.wp * cbi)),))))
+    c0, c1 = (Const(0), Const(ncb)) if by_rows else share(tv1, ncb, T)
     phase1: Stmt = For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack,)),))
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a

@@ -152,8 +152,8 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     wsb = tv * block
     nci = Bin("min", Const(cbi), Const(g.ci) - cb * cbi) if g.ci % cbi else Const(cbi)
     pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
-        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci),
-        Ptr(ws, (simplify(wsb),))))
+        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci), Const(0),
+        Const(p.hp), Ptr(ws, (simplify(wsb),))))
     band = p.band
     nb = -(-g.oh // band)
     ob = Var(fresh("ob"))
