@@ -224,6 +224,11 @@ def vector_helpers(lanes: int) -> str:
     changes the ABI where the ISA lacks the registers (-Wpsabi)."""
     n = 4 * lanes
     return (f"typedef float dlcc_vf __attribute__((vector_size({n})));\n"
+            # GCC's predictive commoning keeps overlapping loads of a small channel block's register tile (the
+            # first convolution's 3 channels) in rotating registers and spills the accumulators: off there
+            "#if defined(__GNUC__) && !defined(__clang__)\n"
+            "#define DLCC_NO_PCOM __attribute__((optimize(\"no-predictive-commoning\")))\n"
+            "#else\n#define DLCC_NO_PCOM\n#endif\n"
             "#define dlcc_vf_load(p) __extension__ ({ dlcc_vf dlcc_vf_l_; "
             f"memcpy(&dlcc_vf_l_, (p), {n}); dlcc_vf_l_; }})\n"
             f"#define dlcc_vf_store(p, v) do {{ dlcc_vf dlcc_vf_s_ = (v); memcpy((p), &dlcc_vf_s_, {n}); }} while (0)")

@@ -359,7 +359,8 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
             rows = [acc[j][pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
             lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}", accumulate))
                          + "\n}")
-    return (f"static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
+    attr = "DLCC_NO_PCOM " if cbi < lanes else ""  # (cbase.vector_helpers)
+    return (f"{attr}static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
             f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
