@@ -39,8 +39,8 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
-_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})$")
-_DWC = re.compile(r"dwc_(\d+(?:_\d+){7})$")
+_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})(_m)?$")
+_DWC = re.compile(r"dwc(max)?_(\d+(?:_\d+){7})$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -57,10 +57,10 @@ def micro_c(name: str, lanes: int) -> str:
                       accumulate=bool(m.group(1)))
     m = _NCHWC.match(name)
     if m is not None:
-        return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes)
+        return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)))
     m = _DWC.match(name)
     if m is not None:
-        return _dwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes)
+        return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=bool(m.group(1)))
     spec = AttnSpec.parse(name)
     if spec is not None:
         return _attn(spec, lanes)
@@ -364,20 +364,32 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
             f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
-def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int) -> str:
+def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int,
+         pool_max: bool = False) -> str:
     """A depthwise-convolution register tile (contract: ``lower.micro.dwc_micro``): accumulator a{p} holds the
     cbi (= lanes) channels of pixel p; per tap, the channels' weights are one vector load and each pixel's
     inputs one vector (on AVX-512, the FMA's memory operand); the tile is transposed in registers
-    (``_transpose_store``) into ``c``, channel-major."""
+    (``_transpose_store``) into ``c``, channel-major. ``pool_max``: each tap's inputs replace the accumulator
+    where they are greater (a compare and a bit select: NaN never replaces), from -inf."""
     if cbi != lanes:
         raise ValueError(f"dwc micro-kernel: a block of {cbi} channels is not one vector of {lanes}")
     acc = [f"a{p}" for p in range(px)]
-    lines = [f"dlcc_vf {', '.join(acc)};"] + [f"{a} = (dlcc_vf){{0}};" for a in acc]
+    init = "(dlcc_vf){0} - INFINITY" if pool_max else "(dlcc_vf){0}"
+    lines = [f"dlcc_vf {', '.join(acc)};"] + [f"{a} = {init};" for a in acc]
+    if pool_max:
+        lines.insert(0, f"typedef int32_t dlcc_dwc_vi __attribute__((vector_size({4 * lanes})));")
     for ky in range(kh):
         for kx in range(kw):
             base = ky * dh * xrow + kx * dw * cbi
-            fmas = " ".join(f"{acc[p]} += wv * dlcc_vf_load(x + {base + p * sw * cbi});" for p in range(px))
-            lines.append(f"{{ const dlcc_vf wv = dlcc_vf_load(w + {(ky * kw + kx) * cbi}); {fmas} }}")
+            if pool_max:
+                lines.append(" ".join(
+                    f"{{ const dlcc_vf v = dlcc_vf_load(x + {base + p * sw * cbi}); const dlcc_dwc_vi m = v > {a}; "
+                    f"{a} = (dlcc_vf)((m & (dlcc_dwc_vi)v) | (~m & (dlcc_dwc_vi){a})); }}" for p, a in enumerate(acc)))
+            else:
+                fmas = " ".join(f"{acc[p]} += wv * dlcc_vf_load(x + {base + p * sw * cbi});" for p in range(px))
+                lines.append(f"{{ const dlcc_vf wv = dlcc_vf_load(w + {(ky * kw + kx) * cbi}); {fmas} }}")
+    if pool_max:
+        lines.append("(void)w;")
     for pb in range(0, px, lanes):
         rows = [acc[pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
         lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {pb}")) + "\n}")
@@ -407,13 +419,15 @@ def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = 
     return "\n".join(out)
 
 
-def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, *, lanes: int) -> str:
+def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, *, lanes: int,
+           ring_min: bool = False) -> str:
     """The repacking of one channel block with its zero ring (contract: ``lower.micro.nchwc_micro``): rows in
     the ring are zeroed whole; inside, each pixel's cbi channels are gathered (stores stay contiguous). Rows
     and columns beyond hp x wp (which no tap reads) are not copied. With a full block of cbi = lanes channels,
     each run of lanes pixels is lanes vector loads (one per channel), a transpose in registers
     (``_transpose_store``) and lanes vector stores (one per pixel)."""
     wc = max(0, min(w, wp - pw))  # columns copied
+    z = "-INFINITY" if ring_min else "0.0f"  # the ring's value
     fast = ""
     if cbi == lanes and wc >= lanes:
         rows = [f"dlcc_vf_load(s + {i} * xc + xx)" for i in range(lanes)]
@@ -435,14 +449,14 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
         float* restrict d = ws + (yy - y0) * {wp * cbi};
         const int64_t iy = yy - {ph};
         if (iy < 0 || iy >= {h}) {{
-            for (int64_t q = 0; q < {wp * cbi}; ++q) d[q] = 0.0f;
+            for (int64_t q = 0; q < {wp * cbi}; ++q) d[q] = {z};
             continue;
         }}
-        for (int64_t q = 0; q < {pw * cbi}; ++q) d[q] = 0.0f;
-        for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = 0.0f;
+        for (int64_t q = 0; q < {pw * cbi}; ++q) d[q] = {z};
+        for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = {z};
         const float* restrict s = x + iy * xh;{fast}
         for (int64_t xx = 0; xx < {wc}; ++xx)
-            for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx] : 0.0f;
+            for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx] : {z};
     }}
 }}
 """

@@ -223,10 +223,13 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     return name
 
 
-def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int) -> str:
+def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int,
+              pool_max: bool = False) -> str:
     """The name of a depthwise-convolution register tile (``cbi`` channels x ``px`` pixels of an output row)
-    over a channel block in ``nchwc_``'s layout, registering its contract on first use (module docstring)."""
-    name = "dwc_" + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow))
+    over a channel block in ``nchwc_``'s layout, registering its contract on first use (module docstring).
+    ``pool_max`` (``dwcmax_``): the maximum of the taps' inputs instead (w unread; a NaN never replaces the
+    running maximum, which starts at -inf)."""
+    name = ("dwcmax_" if pool_max else "dwc_") + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow))
     if name in MICRO:
         return name
 
@@ -237,28 +240,35 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
     def reference(arrays, offsets, s) -> None:
         x, xo = arrays["x"], offsets["x"]
         wt = arrays["w"][offsets["w"]:offsets["w"] + kh * kw * cbi].reshape(kh, kw, cbi).astype(np.float64)
-        acc = np.zeros((px, cbi))
+        acc = np.full((px, cbi), -np.inf) if pool_max else np.zeros((px, cbi))
         for ky in range(kh):
             for kx in range(kw):
                 for p in range(px):
                     at = xo + ky * dh * xrow + (p * sw + kx * dw) * cbi
-                    acc[p] += x[at:at + cbi].astype(np.float64) * wt[ky, kx]
+                    v = x[at:at + cbi].astype(np.float64)
+                    if pool_max:
+                        acc[p] = np.where(v > acc[p], v, acc[p])
+                    else:
+                        acc[p] += v * wt[ky, kx]
         c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
         for o in range(cbi):
             c[co + o * ldc:co + o * ldc + px] = acc[:, o]
 
     MICRO[name] = MicroKernel(
         name, (("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
-        f"c[o*ldc + p] = sum over taps of w[(ky*{kw} + kx)*{cbi} + o] * x[ky*{dh * xrow} + (p*{sw} + kx*{dw})*{cbi}"
-        f" + o], o < {cbi}, p < {px}", footprint, reference)
+        f"c[o*ldc + p] = {'max' if pool_max else 'sum'} over taps of "
+        f"{'' if pool_max else f'w[(ky*{kw} + kx)*{cbi} + o] * '}x[ky*{dh * xrow} + (p*{sw} + kx*{dw})*{cbi} + o], "
+        f"o < {cbi}, p < {px}", footprint, reference)
     return name
 
 
-def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) -> str:
+def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ring_min: bool = False) -> str:
     """The name of the repacking of one channel block of an image into rows of ``cbi``-channel pixels with a
     zero ring (``ph``/``pw`` before, up to ``hp`` x ``wp``), registering its contract on first use. A call
-    writes ``rows`` rows of the block from row y0, ``ws`` pointing at row y0 (threads may split a block)."""
-    name = "nchwc_" + "_".join(str(v) for v in (cbi, h, w, ph, pw, hp, wp))
+    writes ``rows`` rows of the block from row y0, ``ws`` pointing at row y0 (threads may split a block).
+    ``ring_min`` (name ending ``_m``): the ring (and the channels past nci) hold -inf instead (max pooling)."""
+    name = "nchwc_" + "_".join(str(v) for v in (cbi, h, w, ph, pw, hp, wp)) + ("_m" if ring_min else "")
+    fill = -np.inf if ring_min else 0.0
     if name in MICRO:
         return name
 
@@ -269,7 +279,7 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) ->
     def reference(arrays, offsets, s) -> None:
         x, xo, xc, xh, nci = arrays["x"], offsets["x"], s["xc"], s["xh"], s["nci"]
         y0, y1 = s["y0"], s["y0"] + s["rows"]
-        out = np.zeros((hp, wp, cbi), arrays["ws"].dtype)
+        out = np.full((hp, wp, cbi), fill, arrays["ws"].dtype)
         wc = max(0, min(w, wp - pw))
         for i in range(nci):
             for y in range(min(h, hp - ph)):
@@ -282,7 +292,7 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int) ->
         name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("y0", "int"), ("rows", "int"),
                ("ws", "out")),
         f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
-        "i < nci, else 0, for y0 <= yy < y0 + rows", footprint, reference)
+        f"i < nci, else {'-inf' if ring_min else '0'}, for y0 <= yy < y0 + rows", footprint, reference)
     return name
 
 

@@ -23,7 +23,7 @@ from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
 from dlcc.schedule.direct import direct_pays, plan_direct, trim_taps
-from dlcc.schedule.dwconv import plan_dwc
+from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
@@ -133,6 +133,27 @@ def _depthwise_bytes(node: ir.Node, target: Target, threads: int) -> int:
     return 4 * plan.workspace_floats if plan is not None else 0
 
 
+def _pool_bytes(node: ir.Node, target: Target, threads: int) -> int:
+    """A 2-D MaxPool or AveragePool on a plane up to POOL_BLOCKED_MAX_W wide: the channel-blocked form's
+    repacked block per thread (``schedule.dwconv``), as for a depthwise convolution."""
+    x, y = node.inputs[0], node.outputs[0]
+    if x.shape is None or y.shape is None:
+        return 0
+    xs, ys = _shape(x), _shape(y)
+    attrs = node_attr(node)
+    ks = attrs("kernel_shape", None)
+    if len(xs) != 4 or len(ys) != 4 or ks is None or len(ks) != 2 or min(*xs, *ys) < 1 or xs[3] > POOL_BLOCKED_MAX_W:
+        return 0
+    (sh, sw), (dh, dw) = (tuple(int(v) for v in attrs(a, [1, 1])) for a in ("strides", "dilations"))
+    try:
+        pb, _ = conv_pads(attrs, node.op_type, xs[2:], ys[2:], [int(k) for k in ks], [sh, sw], [dh, dw])
+    except TemplateError:
+        return 0
+    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], int(ks[0]), int(ks[1]), sh, sw, dh, dw, pb[0], pb[1])
+    plan = plan_dwc(g, xs[0], target, threads)
+    return 4 * plan.workspace_floats if plan is not None else 0
+
+
 def _attention_bytes(node: ir.Node, target: Target, threads: int) -> int:
     """dlcc::Attention: K transposed, V and a few rows of probabilities per thread (``schedule.attention``)."""
     if len(node.inputs) < 3 or any(v is None or v.shape is None for v in node.inputs[:3]):
@@ -148,6 +169,8 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
     if node.op_type == "Attention" and node.domain == "dlcc":
         return _attention_bytes(node, target, threads)
+    if node.op_type in ("MaxPool", "AveragePool") and node.inputs and node.inputs[0] is not None:
+        return _pool_bytes(node, target, threads)
     if node.op_type == "ConvTranspose" and len(node.inputs) >= 2 and node.inputs[1] is not None:
         return _rows_bytes(node, target, threads)
     if node.op_type == "Conv" and len(node.inputs) >= 2 and node.inputs[1] is not None:
