@@ -289,15 +289,17 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             out += (For(oy, a, z, body(tiles(k0, k1, chunked))),)
         return out
 
-    base = Const(0) if whole else oy * g.ow
-    epilogue = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
-        For(q, Const(0), Const(span), (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
-            "vectorized"),))
+    def along(base: Expr, n: Expr) -> Stmt:
+        """The epilogue of the tile's n pixels in the local buffer, from output pixel ``base`` (one loop: it
+        vectorizes)."""
+        return For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
+            For(q, Const(0), n, (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
+                "vectorized"),))
+
+    epilogue = along(Const(0) if whole else oy * g.ow, Const(span))
     if p.order == "rows" and band > 1:  # per band of rows: every channel tile's rows, then its epilogue along them
         last = simplify(Bin("min", r1, first + band))
-        epi = For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
-            For(q, Const(0), simplify((last - first) * g.ow), (
-                Epilogue((b, oct * p.no + o, simplify(first * g.ow + q)), Load(acc, (o, q))),), "vectorized"),))
+        epi = along(simplify(first * g.ow), simplify((last - first) * g.ow))
         per_tile = For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*rows(first, last, lambda t: t), epi)),))
         nest = (For(ob, Const(0), simplify((r1 - r0 + (band - 1)) // band), (per_tile,)),)
     elif p.order == "rows":

@@ -219,21 +219,18 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     panel = simplify(tv * p.workspace_floats + (Const(0) if one else (ib - rb0) * (KC * MR)))
     pack_one = For(kk, Const(0), kcv, (
         For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),))
-    pack = For(ib, rb0, rb1, (pack_one,))
 
     tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), _panel(p, bp, pc, jp, k0, kcv), c, Const(N), cols,
                    epilogue)
     if one:  # per row micro-panel: pack it, then every column micro-panel of the thread against it
-        per_row = For(ib, rb0, rb1, (pack_one, For(jp, cb0, cb1, tiles)))
-        body1: tuple[Stmt, ...] = (For(pc, Const(0), Const(NK), (per_row,)),)
-        if T > 1:
-            body1 = (For(t, Const(0), Const(T), body1, "parallel"),)
-        return Func(name, (a, bp, c), (Alloc(ws, body1),), (ws,))
-    jfirst = cb0 + jb * p.nc
-    jlast = Bin("min", cb1, jfirst + p.nc)
-    nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
-    compute = For(jb, Const(0), nblocks, (For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),)),))
-    body: tuple[Stmt, ...] = (For(pc, Const(0), Const(NK), (pack, compute)),)
+        per_k: tuple[Stmt, ...] = (For(ib, rb0, rb1, (pack_one, For(jp, cb0, cb1, tiles))),)
+    else:  # all the thread's rows packed, then per column block every row micro-panel against it
+        jfirst = cb0 + jb * p.nc
+        jlast = Bin("min", cb1, jfirst + p.nc)
+        nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
+        per_k = (For(ib, rb0, rb1, (pack_one,)),
+                 For(jb, Const(0), nblocks, (For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),)),)))
+    body: tuple[Stmt, ...] = (For(pc, Const(0), Const(NK), per_k),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (a, bp, c), (Alloc(ws, body),), (ws,))

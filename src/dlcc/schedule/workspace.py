@@ -113,43 +113,28 @@ def _rows_bytes(node: ir.Node, target: Target, threads: int) -> int:
         return 0
 
 
-def _depthwise_bytes(node: ir.Node, target: Target, threads: int) -> int:
-    """A depthwise convolution: the channel-blocked form's repacked block per thread (``schedule.dwconv``), 0
-    where the plane kernel runs instead."""
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    if y.shape is None:
-        return 0
-    xs, ws, ys = _shape(x), _shape(w), _shape(y)
-    if len(ws) != 4 or len(ys) != 4 or min(*xs, *ws, *ys) < 1:
-        return 0
-    attrs = node_attr(node)
-    (sh, sw), (dh, dw) = (tuple(int(v) for v in attrs(a, [1, 1])) for a in ("strides", "dilations"))
-    try:
-        pb, _ = conv_pads(attrs, "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
-    except TemplateError:
-        return 0
-    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, pb[0], pb[1])
-    plan = plan_dwc(g, xs[0], target, threads)
-    return 4 * plan.workspace_floats if plan is not None else 0
-
-
-def _pool_bytes(node: ir.Node, target: Target, threads: int) -> int:
-    """A 2-D MaxPool or AveragePool on a plane up to POOL_BLOCKED_MAX_W wide: the channel-blocked form's
-    repacked block per thread (``schedule.dwconv``), as for a depthwise convolution."""
+def _blocked_depthwise_bytes(node: ir.Node, kernel: tuple[int, int] | None, target: Target, threads: int) -> int:
+    """A depthwise convolution (``kernel``: its weight's kh, kw) or a 2-D pool (``kernel`` None: its kernel_shape;
+    only on planes up to POOL_BLOCKED_MAX_W wide): the channel-blocked form's repacked block per thread
+    (``schedule.dwconv``), 0 where the plane kernel runs instead."""
     x, y = node.inputs[0], node.outputs[0]
     if x.shape is None or y.shape is None:
         return 0
     xs, ys = _shape(x), _shape(y)
     attrs = node_attr(node)
-    ks = attrs("kernel_shape", None)
-    if len(xs) != 4 or len(ys) != 4 or ks is None or len(ks) != 2 or min(*xs, *ys) < 1 or xs[3] > POOL_BLOCKED_MAX_W:
+    if kernel is None:
+        ks = attrs("kernel_shape", None)
+        if ks is None or len(ks) != 2 or (len(xs) == 4 and xs[3] > POOL_BLOCKED_MAX_W):
+            return 0
+        kernel = (int(ks[0]), int(ks[1]))
+    if len(xs) != 4 or len(ys) != 4 or min(*xs, *ys, *kernel) < 1:
         return 0
     (sh, sw), (dh, dw) = (tuple(int(v) for v in attrs(a, [1, 1])) for a in ("strides", "dilations"))
     try:
-        pb, _ = conv_pads(attrs, node.op_type, xs[2:], ys[2:], [int(k) for k in ks], [sh, sw], [dh, dw])
+        pb, _ = conv_pads(attrs, node.op_type, xs[2:], ys[2:], kernel, [sh, sw], [dh, dw])
     except TemplateError:
         return 0
-    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], int(ks[0]), int(ks[1]), sh, sw, dh, dw, pb[0], pb[1])
+    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], *kernel, sh, sw, dh, dw, pb[0], pb[1])
     plan = plan_dwc(g, xs[0], target, threads)
     return 4 * plan.workspace_floats if plan is not None else 0
 
@@ -170,7 +155,7 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
     if node.op_type == "Attention" and node.domain == "dlcc":
         return _attention_bytes(node, target, threads)
     if node.op_type in ("MaxPool", "AveragePool") and node.inputs and node.inputs[0] is not None:
-        return _pool_bytes(node, target, threads)
+        return _blocked_depthwise_bytes(node, None, target, threads)
     if node.op_type == "ConvTranspose" and len(node.inputs) >= 2 and node.inputs[1] is not None:
         return _rows_bytes(node, target, threads)
     if node.op_type == "Conv" and len(node.inputs) >= 2 and node.inputs[1] is not None:
@@ -178,7 +163,8 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
         group = int(node_attr(node)("group", 1))
         if (x.shape is not None and w.shape is not None and len(x.shape) == 4 and group == _shape(x)[1] == _shape(w)[0]
                 and group > 1 and is_const(w)):
-            return _depthwise_bytes(node, target, threads)
+            ws = _shape(w)  # depthwise: channel-blocked, or the plane kernel (no workspace)
+            return _blocked_depthwise_bytes(node, (ws[2], ws[3]), target, threads) if len(ws) == 4 else 0
         dims = _pointwise_conv_dims(node, is_const)
         rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
         if dims is not None:  # a 1x1 stride-1 one may take either form: room for both

@@ -332,12 +332,13 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
 
 @functools.lru_cache(maxsize=256)
 def _verify_dwc_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
-                     ws_floats: int) -> None:
+                     ws_floats: int, pool_max: bool = False) -> None:
+    """verify_func on the channel-blocked depthwise loop IR of ``plan`` (a convolution's, or a pool's)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(dwc_func(plan, x, wp, c, ws, epilogue))
+    verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max))
 
 
 @functools.lru_cache(maxsize=256)

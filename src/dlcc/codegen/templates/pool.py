@@ -27,9 +27,9 @@ import numpy as np
 
 from dlcc.codegen.cbase import TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.templates.conv import _flat_ok, _ints, _pixel_store, spatial_pads
+from dlcc.codegen.templates.conv import _flat_ok, _ints, _pixel_store, _verify_dwc_once, spatial_pads
 from dlcc.lower.lir import Buf, Layout, verify_func
-from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, DwcPlan, dw_func, dwc_func, pack_dwc, plan_dwc
+from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, dw_func, dwc_func, pack_dwc, plan_dwc
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.pool import PoolGeometry, global_pool_func, pool_counts, pool_func
 
@@ -133,15 +133,12 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
     N, C, H, W = xref.shape
     oh, ow = outs
     g = ConvGeometry(C, H, W, oh, ow, ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
-    ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
     recip = None
     if counts is not None:
         recip = call.packed(np.array([1.0 / (cy * cx) if cy * cx else 0.0 for cy in counts[0] for cx in counts[1]],
                                      dtype=np.float32))
     sref = call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    wt = Buf(ones.ptr, "float32", Layout.strided((C, ks[0] * ks[1]), (0, 1)))
-    cb = Buf(sref.ptr, "float32", Layout.strided((N, C, oh, ow), None, sref.offset))
     epilogue = recip is not None or not call.direct
     plan = plan_dwc(g, N, call.target, call.threads) if W <= POOL_BLOCKED_MAX_W else None
     ws = call.workspace
@@ -153,12 +150,15 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
         flat = Buf(sref.ptr, "float32", Layout.strided((N, C, oh * ow), None, sref.offset))
         f = dwc_func(plan, x, Buf(wpk.ptr, "float32", Layout.strided(wpk.shape)), flat, wsb, epilogue,
                      name="pool", fresh=call.names, pool_max=recip is None)
-        _verify_dwc_pool_once(plan, xref.shape, xref.strides, epilogue, ws.size, recip is None)
+        _verify_dwc_once(plan, xref.shape, xref.strides, epilogue, ws.size, recip is None)
 
         def flat_store(idx, v):
             return _pixel_store(call, None, [oh, ow], idx, f"{v} * {recip.ptr}[{idx[2]}]" if recip is not None else v)
 
         return call.emit(f, flat_store, {wsb.name: ws.base()})
+    ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
+    wt = Buf(ones.ptr, "float32", Layout.strided((C, ks[0] * ks[1]), (0, 1)))
+    cb = Buf(sref.ptr, "float32", Layout.strided((N, C, oh, ow), None, sref.offset))
     f = dw_func(g, N, x, wt, cb, epilogue, call.threads, name="pool", fresh=call.names, pool_max=recip is None)
     _verify_pool_once(g, N, xref.shape, xref.strides, call.threads, epilogue, recip is None)
 
@@ -167,16 +167,6 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
         return call.store([n, ch, oy, ox], f"{v} * {recip.ptr}[({oy}) * {ow} + ({ox})]" if recip is not None else v)
 
     return call.emit(f, store)
-
-
-@functools.lru_cache(maxsize=256)
-def _verify_dwc_pool_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
-                          ws_floats: int, pool_max: bool) -> None:
-    x = Buf("x", "float32", Layout.strided(shape, strides))
-    wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
-    c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
-    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max))
 
 
 @functools.lru_cache(maxsize=256)
