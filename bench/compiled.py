@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,15 +125,61 @@ def _model(name: str):
     return randomize(KIT_MODELS[name](), seed=0)
 
 
+def _busy_threads() -> int | None:
+    """Threads of this process other than the calling one that are running or runnable (a pool spinning
+    between runs shows as one), or None where /proc cannot tell."""
+    me = str(threading.get_native_id())
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    busy = 0
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        busy += stat[stat.rindex(")") + 2] == "R"
+    return busy
+
+
+def _quiesce(limit_s: float = 0.2) -> None:
+    """Wait until no other thread of the process runs (three looks in a row, 0.5 ms apart), at most
+    ``limit_s``. onnxruntime's intra-op pool spins for about 35 ms after each run on this kind of machine
+    (measured); without the wait, whatever is timed next shares the second core with that spinning thread
+    (dlcc's 2-thread SqueezeNet 1.1: 1.8 ms back to back, a median of 5.9 ms right after onnxruntime's)."""
+    t0, quiet = time.perf_counter(), 0
+    while time.perf_counter() - t0 < limit_s:
+        busy = _busy_threads()
+        if busy is None:
+            time.sleep(0.05)
+            return
+        quiet = quiet + 1 if busy == 0 else 0
+        if quiet >= 3:
+            return
+        time.sleep(0.0005)
+
+
+WARM_CALLS, WARM_S = 3, 0.01
+
+
 def _interleaved(fns, runs: int) -> list[tuple[float, float]]:
     """(best, median) wall time in ms of each callable over ``runs`` rounds, called in turns each round.
-    Each turn runs its callable twice and times the second run: the first absorbs the hand-over from the
-    previous configuration (a thread pool, dlcc's or onnxruntime's, still spinning on the other core after
-    its own run), so each configuration is timed as it runs back to back, the way an application calls it."""
+    Each turn first waits until the previous configuration's threads have stopped (``_quiesce``), then calls
+    its callable until it has run ``WARM_CALLS`` times or for ``WARM_S`` (at least once), then times one more
+    call: an idle core takes a few milliseconds to come back to full speed on this VM (a 2-thread model's
+    first calls after 100 ms idle: 3.2, 2.3, 1.9, then 1.8 ms), so each configuration is timed as it runs back
+    to back, the way an application calls it, neither helped nor slowed by the other's threads."""
     times = [[] for _ in fns]
     for _ in range(runs):
         for i, fn in enumerate(fns):
-            fn()
+            _quiesce()
+            t0, calls = time.perf_counter(), 0
+            while calls < WARM_CALLS and (calls == 0 or time.perf_counter() - t0 < WARM_S):
+                fn()
+                calls += 1
             t = time.perf_counter()
             fn()
             times[i].append(time.perf_counter() - t)
@@ -203,8 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        import os
-
         os.environ["DLCC_CACHE_DIR"] = str(Path(tmp) / "cache")  # a cold cache: compile times include cc
         for name in [m for m in args.models.split(",") if m]:
             print(f"[bench] {name} ...", file=sys.stderr, flush=True)
@@ -218,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         body = ("Run: `make bench` (bench/compiled.py). dlcc.compile (level 3, dlcc-c target, --fusion auto, "
                 "-O3 -march=native, compiled for 1 thread and for 2) against onnxruntime (1 and 2 "
                 "intra-op threads, all graph optimizations); times are best / median ms of "
-                f"{args.runs} interleaved runs in one process (the four configurations take turns); ratios "
+                f"{args.runs} interleaved runs in one process (the four configurations take turns; each turn waits "
+                "until the other's threads have stopped spinning, warms up with up to 3 calls, then times one); ratios "
                 "are onnxruntime's best over dlcc's (above 1: dlcc is faster). GFLOP/s: dlcc.ops.cost FLOPs of "
                 "the compiled kernels over dlcc's time; % of the measured single-core float32 FMA peak "
                 f"({peak:.1f} GFLOP/s, "
