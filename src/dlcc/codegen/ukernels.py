@@ -41,6 +41,9 @@ _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})(_m)?$")
 _DWC = re.compile(r"dwc(max)?_(\d+(?:_\d+){7})$")
+_GEMMR = re.compile(r"gemmr_(\d+)x(\d+)_(\d+)$")
+_WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
+_WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -61,6 +64,15 @@ def micro_c(name: str, lanes: int) -> str:
     m = _DWC.match(name)
     if m is not None:
         return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=bool(m.group(1)))
+    m = _GEMMR.match(name)
+    if m is not None:
+        return _gemmr(*(int(v) for v in m.groups()), lanes=lanes)
+    m = _WGI.match(name)
+    if m is not None:
+        return _wgi(*(int(v) for v in m.groups()), lanes=lanes)
+    m = _WGO.match(name)
+    if m is not None:
+        return _wgo(*(int(v) for v in m.groups()), lanes=lanes)
     spec = AttnSpec.parse(name)
     if spec is not None:
         return _attn(spec, lanes)
@@ -397,10 +409,10 @@ def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: i
             f"int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
-def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = False) -> str:
-    """Store the transpose of the lanes x lanes block whose rows are the vectors ``rows``: row l of the
-    transpose (lane l of every input row) as one vector at ``dest + l * ldc``. log2(lanes) rounds of
-    two-source shuffles, each swapping the off-diagonal sub-blocks of every 2h x 2h block (h = lanes/2 ... 1)."""
+def _transpose(rows: list[str], lanes: int) -> list[str]:
+    """C declaring r0.. r{lanes-1}, the transpose of the lanes x lanes block whose rows are the vectors ``rows``
+    (r{l}: lane l of every input row). log2(lanes) rounds of two-source shuffles, each swapping the
+    off-diagonal sub-blocks of every 2h x 2h block (h = lanes/2 ... 1)."""
     out = [f"dlcc_vf r{i} = {v};" for i, v in enumerate(rows)]
     h = lanes // 2
     while h:
@@ -412,6 +424,13 @@ def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = 
             out.append(f"{{ const dlcc_vf u = __builtin_shufflevector(r{i}, r{i + h}, {', '.join(map(str, lo))}); "
                        f"r{i + h} = __builtin_shufflevector(r{i}, r{i + h}, {', '.join(map(str, hi))}); r{i} = u; }}")
         h //= 2
+    return out
+
+
+def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = False) -> str:
+    """Store the transpose of the lanes x lanes block whose rows are the vectors ``rows``: row l of the
+    transpose (lane l of every input row) as one vector at ``dest + l * ldc`` (``_transpose``)."""
+    out = _transpose(rows, lanes)
     if accumulate:  # (a later block of input channels: added to what the earlier ones stored)
         out += [f"dlcc_vf_store({dest} + {i} * ldc, r{i} + dlcc_vf_load({dest} + {i} * ldc));" for i in range(lanes)]
     else:
@@ -460,6 +479,88 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
     }}
 }}
 """
+
+
+def _gemmr(mr: int, nr: int, lda: int, *, lanes: int) -> str:
+    """The mr x nr GEMM tile over a row-major A (contract: ``lower.micro.gemmr_micro``): as ``gemm_``, each
+    A value broadcast from its row (mr rows at a constant stride), the tile stored whole."""
+    if nr % lanes:
+        raise ValueError(f"gemmr micro-kernel: {nr} columns are not whole vectors of {lanes}")
+    nv = nr // lanes
+    acc = [[f"c{r}_{q}" for q in range(nv)] for r in range(mr)]
+    lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
+    lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
+    body = [f"const dlcc_vf b{q} = dlcc_vf_load(b + {q * lanes});" for q in range(nv)]
+    for r in range(mr):
+        fmas = " ".join(f"{acc[r][q]} += x{r} * b{q};" for q in range(nv))
+        body.append(f"{{ const float x{r} = a[{r * lda} + k]; {fmas} }}")
+    body.append(f"b += {nr};")
+    lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
+    lines += [f"dlcc_vf_store(c + {r} * ldc + {q * lanes}, {acc[r][q]});" for r in range(mr) for q in range(nv)]
+    return (f"static void dlcc_uk_gemmr_{mr}x{nr}_{lda}(int64_t kc, const float* restrict a, const float* restrict b, "
+            f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
+
+
+def _wino_bt(d: list[str]) -> list[str]:
+    """The six rows of B^T d (F(4x4, 3x3); ``lower.micro.WINO_BT``) as C expressions of the vectors ``d``."""
+    return [f"{d[4]} + 4.0f * {d[0]} - 5.0f * {d[2]}", f"({d[3]} + {d[4]}) - 4.0f * ({d[1]} + {d[2]})",
+            f"({d[4]} - {d[3]}) + 4.0f * ({d[1]} - {d[2]})", f"({d[4]} - {d[2]}) + 2.0f * ({d[3]} - {d[1]})",
+            f"({d[4]} - {d[2]}) - 2.0f * ({d[3]} - {d[1]})", f"{d[5]} + 4.0f * {d[1]} - 5.0f * {d[3]}"]
+
+
+def _wino_at(m: list[str]) -> list[str]:
+    """The four rows of A^T m (``lower.micro.WINO_AT``) as C expressions of the vectors ``m``."""
+    s12, d12, s34, d34 = f"({m[1]} + {m[2]})", f"({m[1]} - {m[2]})", f"({m[3]} + {m[4]})", f"({m[3]} - {m[4]})"
+    return [f"{m[0]} + {s12} + {s34}", f"{d12} + 2.0f * {d34}", f"{s12} + 4.0f * {s34}",
+            f"{d12} + 8.0f * {d34} + {m[5]}"]
+
+
+def _wgi(cbi: int, xrow: int, ldv: int, *, lanes: int) -> str:
+    """The Winograd input transform of one tile (contract: ``lower.micro.wgi_micro``): the 6x6 input vectors
+    (cbi = lanes channels each), B^T along the columns, then along the rows, 36 vector stores."""
+    if cbi != lanes:
+        raise ValueError(f"wgi micro-kernel: a block of {cbi} channels is not one vector of {lanes}")
+    lines = []
+    for z in range(6):
+        d = [f"dlcc_vf_load(x + {y * xrow + z * cbi})" for y in range(6)]
+        lines.append(f"const dlcc_vf {', '.join(f'd{y}_{z} = {d[y]}' for y in range(6))};")
+        col = [f"d{y}_{z}" for y in range(6)]
+        lines.append(f"const dlcc_vf {', '.join(f't{r}_{z} = {e}' for r, e in enumerate(_wino_bt(col)))};")
+    for r in range(6):
+        for sx, e in enumerate(_wino_bt([f"t{r}_{z}" for z in range(6)])):
+            lines.append(f"dlcc_vf_store(v + {(r * 6 + sx) * ldv}, {e});")
+    return (f"static void dlcc_uk_wgi_{cbi}_{xrow}_{ldv}(const float* restrict x, float* restrict v) {{\n"
+            f"{indent(chr(10).join(lines))}\n}}\n")
+
+
+def _wgo(cbi: int, ldm: int, rp: int, *, lanes: int) -> str:
+    """The Winograd output transform of one tile (contract: ``lower.micro.wgo_micro``): A^T along the columns
+    of the 6x6 vectors of M, then along the rows: 16 vectors, one per output pixel (channels in the lanes);
+    transposed in registers (``_transpose``, lanes x lanes at a time) so that each channel's pixels are one
+    vector, stored as 4-pixel pieces of the tile's rows."""
+    if cbi != lanes or lanes < 4 or 16 % lanes:
+        raise ValueError(f"wgo micro-kernel: {cbi} channels on vectors of {lanes}")
+    lines = ["typedef float dlcc_wg4 __attribute__((vector_size(16)));"]
+    def decl(names: list[str], exprs: list[str]) -> str:
+        return "const dlcc_vf " + ", ".join(f"{n} = {e}" for n, e in zip(names, exprs, strict=True)) + ";"
+
+    for sx in range(6):
+        col = [f"m{r}_{sx}" for r in range(6)]
+        lines.append(decl(col, [f"dlcc_vf_load(m + {(r * 6 + sx) * ldm})" for r in range(6)]))
+        lines.append(decl([f"t{y}_{sx}" for y in range(4)], _wino_at(col)))
+    for y in range(4):
+        lines.append(decl([f"p{y * 4 + z}" for z in range(4)], _wino_at([f"t{y}_{sx}" for sx in range(6)])))
+    for gi in range(16 // lanes):
+        block = _transpose([f"p{gi * lanes + j}" for j in range(lanes)], lanes)
+        for o in range(lanes):
+            for q in range(lanes // 4):
+                row = (gi * lanes + 4 * q) // 4
+                sel = ", ".join(str(4 * q + j) for j in range(4))
+                block.append(f"{{ const dlcc_wg4 w = __builtin_shufflevector(r{o}, r{o}, {sel}); "
+                             f"memcpy(c + {o} * ldc + {row * rp}, &w, 16); }}")
+        lines.append("{\n" + indent("\n".join(block)) + "\n}")
+    return (f"static void dlcc_uk_wgo_{cbi}_{ldm}_{rp}(const float* restrict m, float* restrict c, int64_t ldc) {{\n"
+            f"{indent(chr(10).join(lines))}\n}}\n")
 
 
 def _attn(sp: AttnSpec, lanes: int) -> str:

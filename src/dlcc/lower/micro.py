@@ -35,6 +35,19 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
         for yy < hp, xx < wp, i < cbi (rows and columns of the plane beyond hp x wp are not read).
 
+    gemmr_{mr}x{nr}_{lda}(kc, a, b, c, ldc)
+        c[r*ldc + j] = sum_{k < kc} a[r*lda + k] * b[k*nr + j] for r < mr, j < nr: A read row-major (the
+        Winograd convolution's transformed input, one tile per row), B a packed micro-panel (kc x nr, k-major).
+
+    wgi_{cbi}_{xrow}_{ldv}(x, v)
+        the Winograd F(4x4, 3x3) input transform of one 6x6 input tile of a block of cbi channels in
+        ``nchwc_``'s layout: v[(r*6 + s)*ldv + i] = (B^T d B)[r, s] with d[y, z] = x[y*xrow + z*cbi + i], i < cbi
+        (``WINO_BT``).
+
+    wgo_{cbi}_{ldm}_{rp}(m, c, ldc)
+        the Winograd F(4x4, 3x3) output transform of one tile for cbi channels: with M[r, s] = m[(r*6 + s)*ldm + o],
+        c[o*ldc + y*rp + z] = (A^T M A)[y, z] for o < cbi, y, z < 4 (``WINO_AT``).
+
     attn_{sq}_{sk}_{d}_{qs}_{qd}_{ks}_{kd}_{vs}_{vd}_{os}_{od}_{mk}_{ms}_{mj}_{causal}_{scale}_{fill}_{qb}_{nv}
         (q, k, v, [m,] o, ws): one head of scaled dot-product attention (``AttnSpec``):
         s[i, j] = scale * sum_{e < d} q[i*qs + e*qd] * k[j*ks + e*kd], then s[i, j] = fill where causal and
@@ -54,8 +67,9 @@ import numpy as np
 
 from dlcc.lower.lir import MICRO, MicroKernel
 
-__all__ = ["ATTN_WS_LANES", "DCONV_PAD", "AttnSpec", "attn_micro", "attn_reference", "dconv_micro", "dwc_micro",
-           "dwconv_micro", "gemm_micro", "gemmt_micro", "im2col_micro", "nchwc_micro"]
+__all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSpec", "attn_micro", "attn_reference",
+           "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmr_micro", "gemmt_micro", "im2col_micro",
+           "nchwc_micro", "wgi_micro", "wgo_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -293,6 +307,90 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ri
                ("ws", "out")),
         f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
         f"i < nci, else {'-inf' if ring_min else '0'}, for y0 <= yy < y0 + rows", footprint, reference)
+    return name
+
+
+# Winograd F(4x4, 3x3) (Lavin and Gray; interpolation points 0, 1, -1, 2, -2 and infinity): a 4x4 output tile of a
+# 3x3 correlation is A^T [(G g G^T) * (B^T d B)] A over the 6x6 input tile d
+WINO_BT = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                    [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64)
+WINO_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                   [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
+WINO_AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], np.float64)
+
+
+def gemmr_micro(mr: int, nr: int, lda: int) -> str:
+    """The name of the mr x nr GEMM tile reading A row-major (row stride ``lda``), registering its contract."""
+    name = f"gemmr_{mr}x{nr}_{lda}"
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        kc = max(s["kc"], 1)
+        return {"a": (mr, lda, kc), "b": (1, 0, kc * nr), "c": (mr, s["ldc"], nr)}
+
+    def reference(arrays, offsets, s) -> None:
+        kc, ldc = s["kc"], s["ldc"]
+        a, ao = arrays["a"], offsets["a"]
+        rows = np.stack([a[ao + r * lda:ao + r * lda + kc] for r in range(mr)]).astype(np.float64)
+        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
+        prod = rows @ b
+        c, o = arrays["c"], offsets["c"]
+        for r in range(mr):
+            c[o + r * ldc:o + r * ldc + nr] = prod[r].astype(c.dtype)
+
+    MICRO[name] = MicroKernel(
+        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int")),
+        f"c[r*ldc + j] = sum_k a[r*{lda} + k] * b[k*{nr} + j], r < {mr}, j < {nr}", footprint, reference)
+    return name
+
+
+def wgi_micro(cbi: int, xrow: int, ldv: int) -> str:
+    """The name of the Winograd input transform of one tile (``cbi`` channels), registering its contract."""
+    name = f"wgi_{cbi}_{xrow}_{ldv}"
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        return {"x": (6, xrow, 6 * cbi), "v": (36, ldv, cbi)}
+
+    def reference(arrays, offsets, s) -> None:
+        x, xo = arrays["x"], offsets["x"]
+        d = np.stack([x[xo + y * xrow:xo + y * xrow + 6 * cbi].reshape(6, cbi) for y in range(6)]).astype(np.float64)
+        t = np.einsum("ry,yzi,sz->rsi", WINO_BT, d, WINO_BT).reshape(36, cbi)
+        v, vo = arrays["v"], offsets["v"]
+        for e in range(36):
+            v[vo + e * ldv:vo + e * ldv + cbi] = t[e].astype(v.dtype)
+
+    MICRO[name] = MicroKernel(
+        name, (("x", "in"), ("v", "out")),
+        f"v[(r*6 + s)*{ldv} + i] = (B^T d B)[r, s], d[y, z] = x[y*{xrow} + z*{cbi} + i], i < {cbi}", footprint,
+        reference)
+    return name
+
+
+def wgo_micro(cbi: int, ldm: int, rp: int) -> str:
+    """The name of the Winograd output transform of one tile (``cbi`` channels), registering its contract."""
+    name = f"wgo_{cbi}_{ldm}_{rp}"
+    if name in MICRO:
+        return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        return {"m": (36, ldm, cbi), "c": (cbi, s["ldc"], 3 * rp + 4)}
+
+    def reference(arrays, offsets, s) -> None:
+        m, mo = arrays["m"], offsets["m"]
+        mm = np.stack([m[mo + e * ldm:mo + e * ldm + cbi] for e in range(36)]).reshape(6, 6, cbi).astype(np.float64)
+        y = np.einsum("yr,rsi,zs->iyz", WINO_AT, mm, WINO_AT)
+        c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
+        for o in range(cbi):
+            for r in range(4):
+                c[co + o * ldc + r * rp:co + o * ldc + r * rp + 4] = y[o, r].astype(c.dtype)
+
+    MICRO[name] = MicroKernel(
+        name, (("m", "in"), ("c", "out"), ("ldc", "int")),
+        f"c[o*ldc + y*{rp} + z] = (A^T M A)[y, z], M[r, s] = m[(r*6 + s)*{ldm} + o], o < {cbi}", footprint,
+        reference)
     return name
 
 

@@ -46,7 +46,7 @@ from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
-__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "trim_taps"]
+__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "repack_phase", "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
@@ -213,6 +213,24 @@ def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
     return np.ascontiguousarray(t).reshape(p.n_oct, -1)
 
 
+def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf, ws: Buf, tv: Expr, T: int,
+                 cb: Var, b: Var) -> Stmt:
+    """Thread ``tv``'s part of repacking every image's input channel blocks (``cbi`` channels, NCHW[cbi]c, a
+    zero ring from ``g``'s padding to hp x wp) into ``ws`` at [block][image]: the threads split the blocks;
+    with fewer blocks than threads (a first convolution's 3 channels), the rows of each block."""
+    ncb = -(-g.ci // cbi)
+    xd = x.layout.dims
+    block = hp * wp * cbi
+    by_rows = ncb * batch < T
+    y0, y1 = share(tv, hp, T) if by_rows else (Const(0), Const(hp))
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, hp, wp), (
+        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
+        Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
+        Ptr(ws, (simplify((cb * batch + b) * block + y0 * (wp * cbi)),))))
+    c0, c1 = (Const(0), Const(ncb)) if by_rows else share(tv, ncb, T)
+    return For(cb, c0, c1, (For(b, Const(0), Const(batch), (pack,)),))
+
+
 def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "conv_direct",
                 fresh: Callable[[str], str] = str) -> Func:
     """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy*sh + ky*dh - ph, ox*sw + kx*dw
@@ -222,18 +240,8 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
     tv1: Expr = t1 if T > 1 else Const(0)
     tv2: Expr = t2 if T > 1 else Const(0)
-    xd = x.layout.dims
     block = p.hp * p.wp * cbi
-    # phase 1: the input's channel blocks repacked with their zero ring (the threads split the blocks; with
-    # fewer blocks than threads, e.g. a first convolution's 3 channels, the rows of each block)
-    by_rows = ncb * p.batch < T
-    y0, y1 = share(tv1, p.hp, T) if by_rows else (Const(0), Const(p.hp))
-    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp), (
-        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
-        Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
-        Ptr(ws, (simplify((cb * p.batch + b) * block + y0 * (p.wp * cbi)),))))
-    c0, c1 = (Const(0), Const(ncb)) if by_rows else share(tv1, ncb, T)
-    phase1: Stmt = For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack,)),))
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b)
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop

@@ -39,6 +39,7 @@ class Target:
     cores: int = 1
     l1d_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
+    l3_bytes: int = 8 * 1024 * 1024  # (the last level, shared)
     cflags: tuple[str, ...] = ()
     cross_cc: str | None = None  # the compiler a bundle for this arch is built with on another arch
     detected_from: str = field(default="", compare=False)  # native: what the detection saw
@@ -168,4 +169,5 @@ def _native() -> Target:
     return replace(base, name="native", cflags=flags, cores=os.cpu_count() or 1,
                    l1d_bytes=_cache_bytes(1, "Data") or base.l1d_bytes,
                    l2_bytes=_cache_bytes(2, "Unified") or base.l2_bytes,
+                   l3_bytes=_cache_bytes(3, "Unified") or base.l3_bytes,
                    detected_from=base.name, cross_cc=None)

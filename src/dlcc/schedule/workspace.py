@@ -37,6 +37,7 @@ from dlcc.schedule.gemm import (
 )
 from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.target import Target
+from dlcc.schedule.winograd import plan_winograd, use_winograd
 
 __all__ = ["declare_workspace", "node_workspace_bytes"]
 
@@ -91,7 +92,10 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
         except TemplateError:
             return 0
         g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
-        return plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
+        direct = plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
+        if use_winograd(g, ws[0], xs[0], target, threads):
+            return max(direct, plan_winograd(ws[0], g, xs[0], target, threads).workspace_bytes)
+        return direct
     if not conv_gemm_pays(g, ws[0]):
         return 0
     if ws[2] * ws[3] == 1 and (sh, sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:

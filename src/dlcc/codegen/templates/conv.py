@@ -46,6 +46,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_wconst,
 )
 from dlcc.schedule.pads import attr_ints, conv_pads, convt_pads
+from dlcc.schedule.winograd import WinoPlan, pack_winograd, plan_winograd, use_winograd, wino_func
 
 
 def _ints(call: TemplateCall, name: str, n: int, default: int) -> list[int]:
@@ -130,6 +131,10 @@ def conv(call: TemplateCall) -> str:
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
+        if xref.strides[-1] == 1 and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
+            wino = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+            if wino is not None:
+                return wino
         if direct_pays(g, M) and xref.strides[-1] == 1:
             blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if blocked is not None:
@@ -278,6 +283,40 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
         return _pixel_store(call, bref, outs, idx, v)
 
     return call.emit(f, store, {wsb.name: ws.base()})
+
+
+def _winograd(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorRef | None,
+              g: ConvGeometry) -> str | None:
+    """A 3x3 stride-1 convolution as Winograd F(4x4, 3x3) (``schedule.winograd``): the weight transformed and
+    packed at compile time; bias in the epilogue."""
+    N, M = xref.shape[0], w4.shape[0]
+    ws, c = call.workspace, call.scratch
+    plan = plan_winograd(M, g, N, call.target, call.threads)
+    if plan.workspace_floats > ws.size:
+        return None
+    names = call.names
+    upk = call.packed(pack_winograd(w4, plan))
+    up = Buf(upk.ptr, "float32", Layout.strided(upk.shape))
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, M, g.oh * g.ow), None, c.offset))
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    f = wino_func(plan, x, up, cb, wsb, fresh=names)
+    _verify_wino_once(plan, xref.shape, xref.strides, ws.size)
+    outs = [g.oh, g.ow]
+
+    def store(idx, v):
+        return _pixel_store(call, bref, outs, idx, v)
+
+    return call.emit(f, store, {wsb.name: ws.base()})
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_wino_once(plan: WinoPlan, shape: tuple[int, ...], strides: tuple[int, ...], ws_floats: int) -> None:
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    up = Buf("u", "float32", Layout.strided((36 * plan.ncp, plan.cp * plan.nr)))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(wino_func(plan, x, up, c, ws))
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,277 @@
+"""The schedule of a 3x3 stride-1 convolution as Winograd F(4x4, 3x3).
+
+What goes in: the convolution's geometry (``schedule.gemm.ConvGeometry``), the output channels, the batch, the
+``Target`` and the thread count. What comes out: a ``WinoPlan`` (``plan_winograd``: tile blocks, register tile,
+threads, workspace), the weight transformed and packed for it at compile time (``pack_winograd``) and the loop
+IR (``wino_func``).
+
+Each 4x4 output tile is A^T [U * (B^T d B)] A over its 6x6 input tile d, U = G g G^T the transformed 3x3
+kernel (``lower.micro.WINO_*``): per output pixel and input channel 36/16 = 2.25 multiply-adds instead of 9,
+the products becoming 36 independent GEMMs (one per position of the 6x6 transformed tile) over the input
+channels. The input is repacked per call with its zero ring as NCHW[lanes]c (``direct.repack_phase``, the
+direct convolution's first phase), padded to whole tiles. Then per block of ``tr`` rows of tiles (``pb``
+tiles; the threads split the blocks):
+- the input transform of each tile and channel block (``wgi_``) into V[36][pb][channels];
+- per transformed position, V's pb x channels rows times U's packed column micro-panels (``gemmr_``: A read
+  row-major, one tile per row), into M[36][pb][output channels];
+- per block of ``lanes`` output channels, the output transform of each tile (``wgo_``) into a local buffer
+  holding the block's output rows (channel-major), then the fused epilogue along them.
+V and M are each thread's workspace. F(4x4, 3x3) loses a few bits to the transforms' constants (up to 8 and
+5/24): relative to the output's scale about 1e-5 at 256 channels, within the 1e-4 the backend promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlcc.lower.lir import (
+    Alloc,
+    Bin,
+    Buf,
+    Const,
+    Epilogue,
+    Expr,
+    For,
+    Func,
+    Layout,
+    Load,
+    Micro,
+    Ptr,
+    Stmt,
+    Var,
+    simplify,
+)
+from dlcc.lower.micro import WINO_G, gemmr_micro, wgi_micro, wgo_micro
+from dlcc.schedule.direct import repack_phase
+from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.loops import share
+from dlcc.schedule.target import Target
+
+__all__ = ["WinoPlan", "pack_winograd", "plan_winograd", "use_winograd", "wino_func", "winograd_fits"]
+
+PAR_MIN_FLOPS = 2e6  # (as the direct convolution: below this, one thread)
+VM_L3_BYTES = 4 << 20  # a thread's V and M beyond this go through memory rather than L3
+VM_MAX_BYTES = 8 << 20  # and blocks never make them larger than this (the arena holds them)
+
+
+@dataclass(frozen=True)
+class WinoPlan:
+    co: int
+    g: ConvGeometry
+    batch: int
+    cbi: int  # channels per block (the vector width)
+    mr: int  # tiles per register tile of the GEMMs (rows of V)
+    nr: int  # output channels per register tile (a column micro-panel of U)
+    tr: int  # rows of tiles per block (the last block may run past the plane: its extra tiles are zeros)
+    threads: int
+
+    @property
+    def th(self) -> int:
+        return -(-self.g.oh // 4)
+
+    @property
+    def tw(self) -> int:
+        return -(-self.g.ow // 4)
+
+    @property
+    def hp(self) -> int:
+        return 4 * self.nblk * self.tr + 2  # (whole blocks: the last one's rows past the plane read zeros)
+
+    @property
+    def wp(self) -> int:
+        return 4 * self.tw + 2
+
+    @property
+    def ncb(self) -> int:
+        return -(-self.g.ci // self.cbi)
+
+    @property
+    def cp(self) -> int:
+        return self.ncb * self.cbi
+
+    @property
+    def ncp(self) -> int:
+        return -(-self.co // self.nr)
+
+    @property
+    def kp(self) -> int:
+        return self.ncp * self.nr
+
+    @property
+    def pb(self) -> int:
+        return self.tr * self.tw
+
+    @property
+    def nblk(self) -> int:
+        return -(-self.th // self.tr)
+
+    @property
+    def input_floats(self) -> int:
+        return self.batch * self.ncb * self.hp * self.wp * self.cbi
+
+    @property
+    def thread_floats(self) -> int:
+        """One thread's V and M."""
+        return 36 * self.pb * (self.cp + self.kp)
+
+    @property
+    def workspace_floats(self) -> int:
+        return self.input_floats + self.threads * self.thread_floats
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * self.workspace_floats
+
+
+def winograd_fits(g: ConvGeometry, co: int, target: Target) -> bool:
+    """Can this group-1 convolution run as Winograd F(4x4, 3x3)? 3x3, stride 1, no dilation, vectors of 4 to 16
+    floats, at least a vector of input and output channels, planes of at least 5 x 5 (2 x 2 tiles)."""
+    return ((g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1) and 4 <= target.lanes <= 16
+            and 16 % target.lanes == 0 and g.ci >= target.lanes and co >= target.lanes
+            and g.oh >= 5 and g.ow >= 5)
+
+
+WINO_MIN_FLOPS = 50e6  # with fewer than 64 output channels, only convolutions this large (direct FLOPs)
+
+
+def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: int = 1) -> bool:
+    """Does this convolution run as Winograd rather than as the direct convolution? Where it fits, unless the
+    input transform (per tile, as costly as the products of about 4 output channels) dominates, i.e. few
+    output channels on a small plane, or the transformed weight (4x the weight) is larger than half of L3 and
+    the plane too small (under 16 tiles) to reuse it. Measured on Zen 5 (AVX-512), one layer at a time against
+    the direct convolution, 1 and 2 threads: 64 channels at 56x56 2.97x / 2.62x faster, 128 at 28x28 2.84x /
+    1.41x, 256 at 14x14 2.38x / 4.40x, 256 at 7x7 1.84x / 1.29x, 512 at 28x28 2.82x / 1.98x, SqueezeNet's
+    expand layers 1.8-2.2x / 1.0-1.9x; but 128 -> 32 channels at 14x14 1.11x / 0.68x, 512 at 7x7 1.02x / 0.54x."""
+    if not winograd_fits(g, co, target):
+        return False
+    if co < 64 and 2.0 * batch * co * g.oh * g.ow * g.ci * 9 < WINO_MIN_FLOPS:
+        return False
+    cp, kp = -(-g.ci // target.lanes) * target.lanes, -(-co // target.lanes) * target.lanes
+    tiles = -(-g.oh // 4) * -(-g.ow // 4)
+    return 4 * 36 * cp * kp <= target.l3_bytes // 2 or tiles >= 16
+
+
+def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> WinoPlan:
+    """Tile blocks of whole rows of tiles, as many rows as cost least (``cost``: each block reads all of U, so
+    a few large blocks where U is large, small ones that keep V and M in L2 where it is small); the register
+    tile as the packed GEMM's (``gemm.plan_gemm``), its rows chosen to waste least on a block's last tile."""
+    lanes = target.lanes
+    nvec = 3 if target.arch == "aarch64" else 2
+    nr = nvec * lanes
+    mr_max = max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
+    th, tw = -(-g.oh // 4), -(-g.ow // 4)
+    cp = -(-g.ci // lanes) * lanes
+    kp = -(-co // nr) * nr
+    flops = 2.0 * batch * co * g.oh * g.ow * g.ci * 9
+    t = threads if threads > 1 and flops >= PAR_MIN_FLOPS and th >= threads else 1
+    u_bytes = 4 * 36 * cp * kp
+
+    def cost(tr: int) -> float:
+        """Seconds per image for blocks of tr rows of tiles (the last block padded with rows of zero tiles):
+        the products at the peak of the vector units, slower with short register tiles; U read once per block
+        (prefetched from L3 alongside the products, or from memory when larger than half of L3); V and M
+        through the caches beyond half of L2 (slower beyond 2 MB). Fitted to Zen 5 measurements: ResNet's
+        layers at 56x56 best with blocks of one row of tiles, VGG's 512 channels at 28x28 with one block."""
+        nblk = -(-th // tr)
+        per_thread = -(-nblk // t)
+        pb = tr * tw
+        mr = min(pb, mr_max)
+        gemm = 2.0 * 36 * -(-pb // mr) * mr * cp * kp / (4.0 * lanes * 3e9) * (1 + 2 / mr)
+        u = u_bytes / (200e9 if u_bytes <= target.l3_bytes // 2 else 25e9)
+        vm = 4 * 36 * pb * (cp + kp)
+        spill = 0.0 if vm <= target.l2_bytes // 2 else 2 * vm / (50e9 if vm <= 2 << 20 else 20e9)
+        return per_thread * (gemm + u + spill)
+
+    tr = min([d for d in range(1, th + 1) if d == 1 or 4 * 36 * d * tw * (cp + kp) <= VM_MAX_BYTES],
+             key=lambda d: (cost(d), d))
+    if -(-th // tr) < t:
+        t = 1
+    pb = tr * tw
+    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1), key=lambda r: (-(-pb // r) * r, -r))
+    return WinoPlan(co, g, batch, lanes, min(mr, pb), nr, tr, t)
+
+
+def pack_winograd(w: np.ndarray, p: WinoPlan) -> np.ndarray:
+    """The weight (Co, Ci, 3, 3) transformed (U = G g G^T, in float64, rounded once) and packed as
+    [position < 36][column micro-panel][input channel < cp][o < nr], zero beyond the channels."""
+    co, ci = w.shape[:2]
+    u = np.einsum("ay,kcyz,bz->abck", WINO_G, w.astype(np.float64), WINO_G).reshape(36, ci, co)
+    uz = np.zeros((36, p.cp, p.kp))
+    uz[:, :ci, :co] = u
+    t = uz.reshape(36, p.cp, p.ncp, p.nr).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(t).reshape(36 * p.ncp, p.cp * p.nr).astype(np.float32)
+
+
+def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_winograd",
+              fresh: Callable[[str], str] = str) -> Func:
+    """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy + ky - ph, ox + kx - pw]`` (zero
+    padding) following ``p`` (module docstring): ``x`` (N, Ci, H, W) with unit column stride, ``up`` the weight
+    packed by ``pack_winograd``, ``c`` (N, Co, OH*OW) with unit pixel stride, ``ws`` the workspace (the repacked
+    input, then each thread's V and M)."""
+    g, T, cbi, mr, nr = p.g, p.threads, p.cbi, p.mr, p.nr
+    t1, t2, b, cb, blk, cbx, ty, tx, xi, jp, rp, kb, o, yy, q = (
+        Var(fresh(v)) for v in ("t", "t", "b", "cb", "blk", "cbx", "ty", "tx", "xi", "jp", "rp", "kb", "o", "yy", "q"))
+    tv1: Expr = t1 if T > 1 else Const(0)
+    tv2: Expr = t2 if T > 1 else Const(0)
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b)
+
+    pb, cp, kp, tw = p.pb, p.cp, p.kp, p.tw
+    vbase = simplify(Const(p.input_floats) + tv2 * p.thread_floats)
+    mbase = simplify(vbase + 36 * pb * cp)
+    ty0 = blk * p.tr  # the block's first row of tiles
+    block = p.hp * p.wp * cbi
+    # the input transform of every tile of the block, per channel block
+    xoff = simplify((cbx * p.batch + b) * block + (ty0 + ty) * (4 * p.wp * cbi) + tx * (4 * cbi))
+    voff = simplify(vbase + (ty * tw + tx) * cp + cbx * cbi)
+    transform_in = For(cbx, Const(0), Const(p.ncb), (For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
+        Micro(wgi_micro(cbi, p.wp * cbi, pb * cp), (Ptr(ws, (xoff,)), Ptr(ws, (voff,)))),)),)),))
+
+    # per position: V's rows (tiles) x U's column micro-panels
+    def gemm(r0: Expr, rows: int) -> Stmt:
+        a = simplify(vbase + xi * (pb * cp) + r0 * cp)
+        cc = simplify(mbase + xi * (pb * kp) + r0 * kp + jp * nr)
+        return Micro(gemmr_micro(rows, nr, cp), (Const(cp), Ptr(ws, (a,)), Ptr(up, (simplify(xi * p.ncp + jp),
+                                                                                     Const(0))),
+                                                 Ptr(ws, (cc,)), Const(kp)))
+
+    nfull, tail = divmod(pb, mr)
+    panel: tuple[Stmt, ...] = ()
+    if nfull:
+        panel += (For(rp, Const(0), Const(nfull), (gemm(simplify(rp * mr), mr),)),)
+    if tail:
+        panel += (gemm(Const(nfull * mr), tail),)
+    products = For(xi, Const(0), Const(36), (For(jp, Const(0), Const(p.ncp), panel),))
+
+    # per block of cbi output channels: the output transform of every tile into the block's rows, the epilogue
+    rpitch = 4 * tw
+    span = 4 * p.tr * rpitch
+    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span)), "stack")
+    moff = simplify(mbase + (ty * tw + tx) * kp + kb * cbi)
+    transform_out = For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
+        Micro(wgo_micro(cbi, pb * kp, rpitch), (Ptr(ws, (moff,)), Ptr(acc, (Const(0), simplify(ty * (4 * rpitch)
+                                                                                                 + tx * 4))),
+                                              Const(span))),)),))
+    rows: Expr = Const(4 * p.tr)
+    if g.oh != 4 * p.tr * p.nblk:
+        rows = simplify(Bin("min", rows, Const(g.oh) - ty0 * 4))
+    nch = simplify(Bin("min", Const(cbi), Const(p.co) - kb * cbi)) if p.co % cbi else Const(cbi)
+    if g.ow == rpitch:  # the block's rows are contiguous in the output plane: one loop along them
+        epi: Stmt = For(q, Const(0), simplify(rows * g.ow), (
+            Epilogue((b, simplify(kb * cbi + o), simplify(ty0 * (4 * g.ow) + q)), Load(acc, (o, q))),), "vectorized")
+    else:
+        epi = For(yy, Const(0), rows, (For(q, Const(0), Const(g.ow), (
+            Epilogue((b, simplify(kb * cbi + o), simplify((ty0 * 4 + yy) * g.ow + q)),
+                     Load(acc, (o, simplify(yy * rpitch + q)))),), "vectorized"),))
+    outputs = For(kb, Const(0), Const(-(-p.co // cbi)), (Alloc(acc, (transform_out, For(o, Const(0), nch, (epi,)))),))
+
+    b0, b1 = share(tv2, p.nblk, T)
+    phase2: Stmt = For(b, Const(0), Const(p.batch), (For(blk, b0, b1, (transform_in, products, outputs)),))
+    if T > 1:
+        body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
+                                  For(t2, Const(0), Const(T), (phase2,), "parallel"))
+    else:
+        body = (phase1, phase2)
+    return Func(name, (x, up, c), (Alloc(ws, body),), (ws,))

@@ -1,0 +1,185 @@
+"""Winograd F(4x4, 3x3) (``schedule.winograd``): its loop IR verified and interpreted against a float64
+convolution, its three micro-kernels (``wgi_``, ``gemmr_``, ``wgo_``) in C against their contracts on every
+target this machine runs, the layer choice, and whole convolutions against onnxruntime."""
+
+import ctypes
+import dataclasses
+import tempfile
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from test_lir import PRELUDE, _build, _conv_ref
+
+from dlcc.codegen.cbase import vector_helpers
+from dlcc.codegen.ukernels import micro_c
+from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
+from dlcc.lower.micro import WINO_AT, WINO_BT, WINO_G, gemmr_micro, wgi_micro, wgo_micro
+from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.target import get_target
+from dlcc.schedule.winograd import pack_winograd, plan_winograd, use_winograd, wino_func
+from dlcc.testing.harness import assert_close, ort_output, run_node, runnable_targets
+
+
+def test_transform_matrices_compute_a_3x3_correlation():
+    rng = np.random.default_rng(0)
+    d, g = rng.standard_normal((6, 6)), rng.standard_normal((3, 3))
+    y = WINO_AT @ ((WINO_G @ g @ WINO_G.T) * (WINO_BT @ d @ WINO_BT.T)) @ WINO_AT.T
+    ref = np.array([[(d[i:i + 3, j:j + 3] * g).sum() for j in range(4)] for i in range(4)])
+    np.testing.assert_allclose(y, ref, atol=1e-12)
+
+
+CASES = [  # n, ci, h, w, co, pad, threads
+    (1, 16, 9, 8, 20, 1, 1),  # a partial output-channel block; rows and columns of the last tiles past the plane
+    (2, 20, 12, 13, 40, 1, 2),  # a partial input block, two images, threads over blocks
+    (1, 32, 16, 16, 33, 0, 2),  # no padding (14x14 outputs)
+    (1, 16, 28, 28, 64, 1, 2),  # 7 rows of tiles: blocks padded with rows of zero tiles
+    (1, 24, 7, 30, 17, 1, 1),  # a wide, short plane
+]
+
+
+@pytest.mark.parametrize("target,n,ci,h,w,co,pad,threads",
+                         [(t, *c) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for c in CASES])
+def test_winograd_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
+    ref = _conv_ref(x, wt, (1, 1), (1, 1), (pad, pad))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(ci, h, w, oh, ow, 3, 3, 1, 1, 1, 1, pad, pad)
+    p = plan_winograd(co, g, n, get_target(target), threads)
+    up = pack_winograd(wt, p)
+    f = wino_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))), Buf("up", "float32", Layout.strided(up.shape)),
+                  Buf("c", "float32", Layout.strided((n, co, oh * ow))),
+                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
+    verify_func(f)
+    out = np.full((n, co, oh * ow), np.nan, np.float32)
+    seen = []
+
+    def epilogue(i, v):
+        seen.append(i)
+        out[i] = v
+
+    run_func(f, {"x": x.ravel().copy(), "up": up.ravel(), "c": np.zeros(out.size, np.float32),
+                 "ws": np.full(p.workspace_floats, np.nan, np.float32)}, epilogue)
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(out.reshape(ref.shape) / scale, ref / scale, atol=1e-5)
+    assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_winograd_micro_kernels_match_their_contracts(target):
+    t = get_target(target)
+    if not 4 <= t.lanes <= 16:
+        pytest.skip(f"{target}: {t.lanes} floats per vector, Winograd does not run")
+    rng = np.random.default_rng(9)
+    cbi = t.lanes
+    nr = 2 * cbi
+    xrow, ldv, ldm, rp, lda = 9 * cbi, 3 * cbi, 2 * cbi + 4, 12, 37
+    names = {"wgi": wgi_micro(cbi, xrow, ldv), "wgo": wgo_micro(cbi, ldm, rp), "gemmr": gemmr_micro(5, nr, lda)}
+    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names.values())
+    src += (f"void w_wgi(const float* x, float* v) {{ dlcc_uk_{names['wgi']}(x, v); }}\n"
+            f"void w_wgo(const float* m, float* c, int64_t ldc) {{ dlcc_uk_{names['wgo']}(m, c, ldc); }}\n"
+            f"void w_gemmr(int64_t kc, const float* a, const float* b, float* c, int64_t ldc) "
+            f"{{ dlcc_uk_{names['gemmr']}(kc, a, b, c, ldc); }}\n")
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+
+    def p(a):
+        return a.ctypes.data_as(ptr)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        # input transform
+        x = rng.standard_normal(6 * xrow).astype(np.float32)
+        want, got = (np.full(36 * ldv, 7.0, np.float32) for _ in range(2))
+        MICRO[names["wgi"]].reference({"x": x, "v": want}, {"x": 0, "v": 0}, {})
+        lib.w_wgi.argtypes = [ptr, ptr]
+        lib.w_wgi(p(x), p(got))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        # output transform: the 4 x 4 pixels of each channel, nothing else
+        m = rng.standard_normal(36 * ldm).astype(np.float32)
+        ldc = 3 * rp + 4 + 5
+        want, got = (np.full(cbi * ldc, 7.0, np.float32) for _ in range(2))
+        MICRO[names["wgo"]].reference({"m": m, "c": want}, {"m": 0, "c": 0}, {"ldc": ldc})
+        lib.w_wgo.argtypes = [ptr, ptr, i64]
+        lib.w_wgo(p(m), p(got), ldc)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        assert (got.reshape(cbi, ldc)[:, 4:rp] == 7.0).all()
+        # the GEMM tile over a row-major A
+        kc, ldc = 29, nr + 3
+        a = rng.standard_normal(5 * lda).astype(np.float32)
+        b = rng.standard_normal(kc * nr).astype(np.float32)
+        want, got = (np.full(5 * ldc, 7.0, np.float32) for _ in range(2))
+        MICRO[names["gemmr"]].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0}, {"kc": kc, "ldc": ldc})
+        lib.w_gemmr.argtypes = [i64, ptr, ptr, ptr, i64]
+        lib.w_gemmr(kc, p(a), p(b), p(got), ldc)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_layer_choice():
+    t = get_target("x86-64-v4")
+
+    def g(c, h):
+        return ConvGeometry(c, h, h, h, h, 3, 3, 1, 1, 1, 1, 1, 1)
+
+    assert use_winograd(g(64, 56), 64, 1, t) and use_winograd(g(256, 14), 256, 1, t)
+    big_l3 = dataclasses.replace(t, l3_bytes=32 << 20)
+    assert use_winograd(g(256, 7), 256, 1, big_l3)  # its 9.4 MB transformed weight stays in half of L3
+    assert not use_winograd(g(256, 7), 256, 1, t)  # (8 MiB of L3: 4 tiles cannot reuse it)
+    assert not use_winograd(g(512, 7), 512, 1, t)  # 4 tiles cannot reuse a 37.7 MB transformed weight
+    assert not use_winograd(g(128, 14), 32, 1, t)  # few output channels on a small plane: the transform dominates
+    assert not use_winograd(g(3, 224), 64, 1, t)  # fewer input channels than a vector
+    strided = ConvGeometry(64, 56, 56, 28, 28, 3, 3, 2, 2, 1, 1, 1, 1)
+    assert not use_winograd(strided, 64, 1, t)
+
+
+def _conv_model(x_shape, co, pads, residual):
+    rng = np.random.default_rng(4)
+    ci = x_shape[1]
+    w = (rng.standard_normal((co, ci, 3, 3)) / np.sqrt(9 * ci)).astype(np.float32)
+    b = rng.standard_normal(co).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads), helper.make_node("Relu", ["c"], ["r"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))]
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    oh, ow = x_shape[2] + pads[0] + pads[2] - 2, x_shape[3] + pads[1] + pads[3] - 2
+    if residual:
+        nodes.append(helper.make_node("Add", ["r", "s"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [x_shape[0], co, oh, ow]))
+        feeds["s"] = rng.standard_normal((x_shape[0], co, oh, ow)).astype(np.float32)
+    else:
+        nodes[-1] = helper.make_node("Relu", ["c"], ["y"])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], co, oh, ow])
+    graph = helper.make_graph(nodes, "g", inputs, [out],
+                              [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), feeds
+
+
+@pytest.mark.parametrize("x_shape,co,pads,residual,threads", [
+    ((1, 64, 56, 56), 64, [1, 1, 1, 1], True, 2),  # ResNet's first stage, bias, ReLU and residual Add fused
+    ((1, 256, 14, 14), 256, [1, 1, 1, 1], False, 1),  # 256 input channels (the transforms' rounding adds up)
+    ((2, 24, 19, 23), 72, [1, 0, 2, 1], False, 2),  # asymmetric padding, two images, partial blocks
+])
+def test_winograd_convolution_matches_onnxruntime(x_shape, co, pads, residual, threads):
+    import dlcc
+
+    m, feeds = _conv_model(x_shape, co, pads, residual)
+    ref = ort_output(m, feeds)
+    cm = dlcc.compile(m, threads=threads)
+    assert "dlcc_uk_wgi_" in cm.artifacts.csource.source  # (the layer took Winograd)
+    assert_close(next(iter(cm(feeds).values())), ref, 1e-4, 1e-6)
+
+
+def test_winograd_single_node_every_target():
+    x_shape, w_shape = (1, 16, 11, 13), (20, 16, 3, 3)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 20, 11, 13])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    ref = ort_output(m, feeds)
+    for target in runnable_targets():
+        assert_close(run_node(m, feeds, target=target), ref, 1e-4, 1e-6)
