@@ -81,8 +81,8 @@ def test_winograd_micro_kernels_match_their_contracts(target):
     src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names.values())
     src += (f"void w_wgi(const float* x, float* v) {{ dlcc_uk_{names['wgi']}(x, v); }}\n"
             f"void w_wgo(const float* m, float* c, int64_t ldc) {{ dlcc_uk_{names['wgo']}(m, c, ldc); }}\n"
-            f"void w_gemmr(int64_t kc, const float* a, const float* b, float* c, int64_t ldc) "
-            f"{{ dlcc_uk_{names['gemmr']}(kc, a, b, c, ldc); }}\n")
+            f"void w_gemmr(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+            f"int64_t ncols) {{ dlcc_uk_{names['gemmr']}(kc, a, b, c, ldc, acc, ncols); }}\n")
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
 
     def p(a):
@@ -106,15 +106,18 @@ def test_winograd_micro_kernels_match_their_contracts(target):
         lib.w_wgo(p(m), p(got), ldc)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
         assert (got.reshape(cbi, ldc)[:, 4:rp] == 7.0).all()
-        # the GEMM tile over a row-major A
+        # the GEMM tile over a row-major A: stored, added, a partial tile of columns
         kc, ldc = 29, nr + 3
         a = rng.standard_normal(5 * lda).astype(np.float32)
         b = rng.standard_normal(kc * nr).astype(np.float32)
-        want, got = (np.full(5 * ldc, 7.0, np.float32) for _ in range(2))
-        MICRO[names["gemmr"]].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0}, {"kc": kc, "ldc": ldc})
-        lib.w_gemmr.argtypes = [i64, ptr, ptr, ptr, i64]
-        lib.w_gemmr(kc, p(a), p(b), p(got), ldc)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        lib.w_gemmr.argtypes = [i64, ptr, ptr, ptr, i64, i64, i64]
+        for acc, ncols in ((0, nr), (1, nr), (1, nr - 3), (0, 1)):
+            start = rng.standard_normal(5 * ldc).astype(np.float32)
+            want, got = start.copy(), start.copy()
+            MICRO[names["gemmr"]].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
+                                            {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
+            lib.w_gemmr(kc, p(a), p(b), p(got), ldc, acc, ncols)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_layer_choice():

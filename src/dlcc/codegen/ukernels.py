@@ -66,7 +66,7 @@ def micro_c(name: str, lanes: int) -> str:
         return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=bool(m.group(1)))
     m = _GEMMR.match(name)
     if m is not None:
-        return _gemmr(*(int(v) for v in m.groups()), lanes=lanes)
+        return _gemm(int(m.group(1)), int(m.group(2)), lanes, lda=int(m.group(3)))
     m = _WGI.match(name)
     if m is not None:
         return _wgi(*(int(v) for v in m.groups()), lanes=lanes)
@@ -82,7 +82,9 @@ def micro_c(name: str, lanes: int) -> str:
     return _gemm(int(m.group(2)), int(m.group(3)), lanes, bool(m.group(1)))
 
 
-def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
+def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | None = None) -> str:
+    """``gemm_``/``gemmt_`` over a packed A micro-panel, or with ``lda`` ``gemmr_``: A read in place, row-major
+    (mr rows at a constant stride, each value broadcast from its row)."""
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
     nv = nr // lanes
@@ -92,10 +94,13 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
     body = [f"const dlcc_vf b{q} = dlcc_vf_load(b + {q * lanes});" for q in range(nv)]
     for r in range(mr):
         fmas = " ".join(f"{acc[r][q]} += x{r} * b{q};" for q in range(nv))
-        body.append(f"{{ const float x{r} = a[{r}]; {fmas} }}")  # (scalar x vector: a broadcast load)
-    body += [f"a += {mr};", f"b += {nr};"]
+        at = f"a[{r}]" if lda is None else f"a[{r * lda} + k]"
+        body.append(f"{{ const float x{r} = {at}; {fmas} }}")  # (scalar x vector: a broadcast load)
+    body += ([f"a += {mr};"] if lda is None else []) + [f"b += {nr};"]
     lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
-    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}"
+    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
+    head = (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
+            f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n")
     if transposed:  # through a local tile: c[j*ldc + r] for each column j < ncols, rows r < mr contiguous
         tile = [f"float t[{mr * nr}];"]
         tile += [f"dlcc_vf_store(t + {r * nr + q * lanes}, {acc[r][q]});" for r in range(mr) for q in range(nv)]
@@ -103,8 +108,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
                     f"    for (int64_t r = 0; r < {mr}; ++r) c[j * ldc + r] = (acc ? c[j * ldc + r] : 0.0f) "
                     f"+ t[r * {nr} + j];")
         lines.append("\n".join(tile))
-        return (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
-                f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n{indent(chr(10).join(lines))}\n}}\n")
+        return f"{head}{indent(chr(10).join(lines))}\n}}\n"
     full_acc, full_st = [], []
     for r in range(mr):
         for q in range(nv):
@@ -119,9 +123,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False) -> str:
     lines.append(f"if (ncols == {nr}) {{\n"
                  f"    if (acc) {{\n{indent(chr(10).join(full_acc), 2)}\n    }}\n{indent(chr(10).join(full_st))}\n"
                  f"}} else {{\n{indent(chr(10).join(tile))}\n}}")
-    return (f"static void dlcc_uk_gemm_{mr}x{nr}(int64_t kc, const float* restrict a, const float* restrict b, "
-            f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n{indent(chr(10).join(lines))}\n}}\n")
-
+    return f"{head}{indent(chr(10).join(lines))}\n}}\n"
 
 def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int,
             pw: int, xc: int, xh: int, mr: int) -> str:
@@ -479,26 +481,6 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
     }}
 }}
 """
-
-
-def _gemmr(mr: int, nr: int, lda: int, *, lanes: int) -> str:
-    """The mr x nr GEMM tile over a row-major A (contract: ``lower.micro.gemmr_micro``): as ``gemm_``, each
-    A value broadcast from its row (mr rows at a constant stride), the tile stored whole."""
-    if nr % lanes:
-        raise ValueError(f"gemmr micro-kernel: {nr} columns are not whole vectors of {lanes}")
-    nv = nr // lanes
-    acc = [[f"c{r}_{q}" for q in range(nv)] for r in range(mr)]
-    lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
-    lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
-    body = [f"const dlcc_vf b{q} = dlcc_vf_load(b + {q * lanes});" for q in range(nv)]
-    for r in range(mr):
-        fmas = " ".join(f"{acc[r][q]} += x{r} * b{q};" for q in range(nv))
-        body.append(f"{{ const float x{r} = a[{r * lda} + k]; {fmas} }}")
-    body.append(f"b += {nr};")
-    lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
-    lines += [f"dlcc_vf_store(c + {r} * ldc + {q * lanes}, {acc[r][q]});" for r in range(mr) for q in range(nv)]
-    return (f"static void dlcc_uk_gemmr_{mr}x{nr}_{lda}(int64_t kc, const float* restrict a, const float* restrict b, "
-            f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
 def _wino_bt(d: list[str]) -> list[str]:

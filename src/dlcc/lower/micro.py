@@ -35,9 +35,9 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
         for yy < hp, xx < wp, i < cbi (rows and columns of the plane beyond hp x wp are not read).
 
-    gemmr_{mr}x{nr}_{lda}(kc, a, b, c, ldc)
-        c[r*ldc + j] = sum_{k < kc} a[r*lda + k] * b[k*nr + j] for r < mr, j < nr: A read row-major (the
-        Winograd convolution's transformed input, one tile per row), B a packed micro-panel (kc x nr, k-major).
+    gemmr_{mr}x{nr}_{lda}(kc, a, b, c, ldc, acc, ncols)
+        as gemm_, with A read in place, row-major: a[r*lda + k] (the Winograd convolution's transformed input,
+        one tile per row; a product's A where packing it would cost more than it saves).
 
     wgi_{cbi}_{xrow}_{ldv}(x, v)
         the Winograd F(4x4, 3x3) input transform of one 6x6 input tile of a block of cbi channels in
@@ -82,19 +82,23 @@ def gemmt_micro(mr: int, nr: int) -> str:
     return _gemm_contract(mr, nr, transposed=True)
 
 
-def _gemm_contract(mr: int, nr: int, transposed: bool) -> str:
-    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}"
+def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None) -> str:
+    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         kc, nc = max(s["kc"], 1), max(s["ncols"], 1)
         c = (nc, s["ldc"], mr) if transposed else (mr, s["ldc"], nc)
-        return {"a": (1, 0, kc * mr), "b": (1, 0, kc * nr), "c": c}
+        return {"a": (1, 0, kc * mr) if lda is None else (mr, lda, kc), "b": (1, 0, kc * nr), "c": c}
 
     def reference(arrays, offsets, s) -> None:
         kc, ldc, nc = s["kc"], s["ldc"], s["ncols"]
-        a = arrays["a"][offsets["a"]:offsets["a"] + kc * mr].reshape(kc, mr).astype(np.float64)
+        a, ao = arrays["a"], offsets["a"]
+        if lda is None:
+            a = a[ao:ao + kc * mr].reshape(kc, mr).astype(np.float64)
+        else:
+            a = np.stack([a[ao + r * lda:ao + r * lda + kc] for r in range(mr)]).T.astype(np.float64)
         b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
         prod = a.T @ b  # [mr, nr]
         c, o = arrays["c"], offsets["c"]
@@ -106,12 +110,12 @@ def _gemm_contract(mr: int, nr: int, transposed: bool) -> str:
             c[at] = (base + values).astype(c.dtype)
 
     where = "c[j*ldc + r]" if transposed else "c[r*ldc + j]"
+    a_at = f"a[k*{mr} + r]" if lda is None else f"a[r*{lda} + k]"
     MICRO[name] = MicroKernel(
         name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
                ("ncols", "int")),
-        f"{where} (acc: +)= sum_k a[k*{mr} + r] * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}", footprint, reference)
+        f"{where} (acc: +)= sum_k {a_at} * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}", footprint, reference)
     return name
-
 
 def im2col_micro(h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int, pw: int,
                  xc: int, xh: int, mr: int) -> str:
@@ -320,30 +324,9 @@ WINO_AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0]
 
 
 def gemmr_micro(mr: int, nr: int, lda: int) -> str:
-    """The name of the mr x nr GEMM tile reading A row-major (row stride ``lda``), registering its contract."""
-    name = f"gemmr_{mr}x{nr}_{lda}"
-    if name in MICRO:
-        return name
-
-    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        kc = max(s["kc"], 1)
-        return {"a": (mr, lda, kc), "b": (1, 0, kc * nr), "c": (mr, s["ldc"], nr)}
-
-    def reference(arrays, offsets, s) -> None:
-        kc, ldc = s["kc"], s["ldc"]
-        a, ao = arrays["a"], offsets["a"]
-        rows = np.stack([a[ao + r * lda:ao + r * lda + kc] for r in range(mr)]).astype(np.float64)
-        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
-        prod = rows @ b
-        c, o = arrays["c"], offsets["c"]
-        for r in range(mr):
-            c[o + r * ldc:o + r * ldc + nr] = prod[r].astype(c.dtype)
-
-    MICRO[name] = MicroKernel(
-        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int")),
-        f"c[r*ldc + j] = sum_k a[r*{lda} + k] * b[k*{nr} + j], r < {mr}, j < {nr}", footprint, reference)
-    return name
-
+    """The name of the mr x nr GEMM tile reading A in place, row-major (row stride ``lda``), registering its
+    contract."""
+    return _gemm_contract(mr, nr, transposed=False, lda=lda)
 
 def wgi_micro(cbi: int, xrow: int, ldv: int) -> str:
     """The name of the Winograd input transform of one tile (``cbi`` channels), registering its contract."""

@@ -14,7 +14,10 @@ AVX2 6 x 16, NEON 8 x 12). kc keeps an A micro-panel in half of L1; nc keeps a B
 Threads split the row micro-panels (each thread packs only its rows); with fewer row micro-panels than
 threads they split the column micro-panels instead. When a thread's column micro-panels are one block (B's
 K block stays in L2 whole: ConvNeXt's 3136 x 384 x 96), each row micro-panel of A is packed right before
-its tiles instead, so that it is read from L1 and the packed rows never make a pass through memory.
+its tiles instead, so that it is read from L1 and the packed rows never make a pass through memory; and
+when it runs against at most ``UNPACKED_A_MAX_PANELS`` column micro-panels (ConvNeXt's 3136 x 384 -> 96, 3
+panels), a row-major A is not packed at all: ``gemmr_`` broadcasts each value from its row in place (the
+transposing copy was a sixth of that product: 1.05 -> 0.87 ms, Zen 5, 1 thread).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import gemm_micro, gemmt_micro, im2col_micro
+from dlcc.lower.micro import gemm_micro, gemmr_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
@@ -52,6 +55,9 @@ __all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_g
            "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst"]
 
 MIN_N = 8  # below this many columns a product is a set of dot products (schedule.matmul.dots_func)
+# a row micro-panel of A read in place (gemmr_) rather than packed when a thread runs it against at most this
+# many column micro-panels (the packing, a transposing copy, is then a large share of the panel's work)
+UNPACKED_A_MAX_PANELS = 8
 
 
 @dataclass(frozen=True)
@@ -220,10 +226,14 @@ def gemm_func(p: GemmPlan, a: Buf, bp: Buf, c: Buf, ws: Buf, epilogue: bool, nam
     pack_one = For(kk, Const(0), kcv, (
         For(r, Const(0), rows, (Store(ws, (panel + kk * rows + r,), Load(a, (ib * MR + r, k0 + kk))),)),))
 
-    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, Ptr(ws, (panel,)), _panel(p, bp, pc, jp, k0, kcv), c, Const(N), cols,
-                   epilogue)
-    if one:  # per row micro-panel: pack it, then every column micro-panel of the thread against it
-        per_k: tuple[Stmt, ...] = (For(ib, rb0, rb1, (pack_one, For(jp, cb0, cb1, tiles))),)
+    lda = _rowmajor_stride(a) if one and -(-p.col_panels // p.tn) <= UNPACKED_A_MAX_PANELS else None
+    a_ptr = Ptr(a, (ib * MR, k0)) if lda is not None else Ptr(ws, (panel,))
+    tiles = _tiles(p, ib, jp, pc, r, j, (), kcv, a_ptr, _panel(p, bp, pc, jp, k0, kcv), c, Const(N), cols,
+                   epilogue, lda=lda)
+    if lda is not None:  # few column micro-panels per row micro-panel: A read in place (gemmr_), not packed
+        per_k: tuple[Stmt, ...] = (For(ib, rb0, rb1, (For(jp, cb0, cb1, tiles),)),)
+    elif one:  # per row micro-panel: pack it, then every column micro-panel of the thread against it
+        per_k = (For(ib, rb0, rb1, (pack_one, For(jp, cb0, cb1, tiles))),)
     else:  # all the thread's rows packed, then per column block every row micro-panel against it
         jfirst = cb0 + jb * p.nc
         jlast = Bin("min", cb1, jfirst + p.nc)
@@ -470,16 +480,26 @@ def _subst_value(value: Expr, ib: Var, q: Var, k0: Expr, pc: Var) -> Expr:
     return simplify(_subst(_subst(value, ib.name, q), pc.name, Const(0)))
 
 
+def _rowmajor_stride(a: Buf) -> int | None:
+    """The row stride of a 2-D operand whose rows are contiguous (then ``gemmr_`` reads it in place)."""
+    dims = a.layout.dims
+    if len(dims) == 2 and [d[0] for d in dims] == [0, 1] and all(d[1] == 1 for d in dims) and dims[1][3] == 1:
+        return dims[0][3]
+    return None
+
+
 def _tiles(p: GemmPlan, ib: Var, jp: Var, pc: Var, r: Var, j: Var, lead: tuple[Expr, ...], kcv: Expr, a_ptr: Ptr,
-           b_ptr: Ptr, c: Buf, ldc: Expr, cols: Expr, epilogue: bool, transposed: bool = False) -> tuple[Stmt, ...]:
+           b_ptr: Ptr, c: Buf, ldc: Expr, cols: Expr, epilogue: bool, transposed: bool = False,
+           lda: int | None = None) -> tuple[Stmt, ...]:
     """Tile (ib, jp) of C (indices ``lead`` before its two matrix axes): the micro-kernel call and, after the
     last K block, the tile's epilogue while it is in L1; the last row panel takes the tail variant.
-    ``transposed``: C holds the tile transposed (columns as rows: the pixels-as-rows convolution)."""
+    ``transposed``: C holds the tile transposed (columns as rows: the pixels-as-rows convolution). ``lda``: A
+    is read in place, row-major with this row stride (``gemmr_``), not from a packed micro-panel."""
     M, N, MR, NR, NK, MB = p.m, p.n, p.mr, p.nr, p.k_blocks, p.row_blocks
 
     def tile(mr: int) -> tuple[Stmt, ...]:
         acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
-        name = (gemmt_micro if transposed else gemm_micro)(mr, NR)
+        name = gemmr_micro(mr, NR, lda) if lda is not None else (gemmt_micro if transposed else gemm_micro)(mr, NR)
         cptr = Ptr(c, (*lead, jp * NR, ib * MR) if transposed else (*lead, ib * MR, jp * NR))
         call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols))
         if not epilogue:

@@ -235,7 +235,7 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
         cc = simplify(mbase + xi * (pb * kp) + r0 * kp + jp * nr)
         return Micro(gemmr_micro(rows, nr, cp), (Const(cp), Ptr(ws, (a,)), Ptr(up, (simplify(xi * p.ncp + jp),
                                                                                      Const(0))),
-                                                 Ptr(ws, (cc,)), Const(kp)))
+                                                 Ptr(ws, (cc,)), Const(kp), Const(0), Const(nr)))
 
     nfull, tail = divmod(pb, mr)
     panel: tuple[Stmt, ...] = ()
