@@ -192,3 +192,40 @@ def test_depthwise_tile_matches_its_contract(target):
             got, want = got.reshape(cbi, ldc), want.reshape(cbi, ldc)
             np.testing.assert_allclose(got[:, :px], want[:, :px], rtol=1e-5, atol=1e-5)
             assert (got[:, px + DCONV_PAD:] == 7.0).all()
+
+
+@pytest.mark.parametrize("ci,h,s,k,batch,threads", [
+    (144, 20, 1, 3, 1, 2),  # 9 blocks over 2 threads: each block's rows in two parts (9 + 9 half blocks)
+    (144, 21, 2, 3, 2, 2),  # stride 2, two images, an odd plane
+    (40, 30, 1, 5, 1, 2),  # 3 blocks (the last partial), 5x5
+    (64, 24, 1, 3, 1, 2),  # 4 blocks: whole blocks
+    (48, 9, 1, 3, 1, 1),  # one thread
+])
+def test_blocked_depthwise_loop_ir_matches_numpy(ci, h, s, k, batch, threads):
+    from dlcc.schedule.dwconv import dwc_func, pack_dwc, plan_dwc
+
+    rng = np.random.default_rng(21)
+    pad = k // 2
+    x = rng.standard_normal((batch, ci, h, h)).astype(np.float32)
+    wt = rng.standard_normal((ci, 1, k, k)).astype(np.float32)
+    ref = np.concatenate([_conv_ref(x[:, i:i + 1], wt[i:i + 1], (s, s), (1, 1), (pad, pad)) for i in range(ci)], axis=1)
+    oh = ref.shape[2]
+    g = ConvGeometry(ci, h, h, oh, oh, k, k, s, s, 1, 1, pad, pad)
+    p = plan_dwc(g, batch, get_target("x86-64-v4"), threads)
+    assert p.threads == threads and p.splits == (2 if threads == 2 and p.ncb % 2 else 1)
+    wp = pack_dwc(wt.reshape(ci, -1), p)
+    f = dwc_func(p, Buf("x", "float32", Layout.strided(x.shape)), Buf("wp", "float32", Layout.strided(wp.shape)),
+                 Buf("c", "float32", Layout.strided((batch, ci, oh * oh))),
+                 Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), True)
+    verify_func(f)
+    out = np.full((batch, ci, oh * oh), np.nan, np.float32)
+    seen = []
+
+    def epilogue(i, v):
+        seen.append(i)
+        out[i] = v
+
+    run_func(f, {"x": x.ravel().copy(), "wp": wp.ravel(), "c": np.zeros(out.size, np.float32),
+                 "ws": np.full(p.workspace_floats, np.nan, np.float32)}, epilogue)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size

@@ -493,6 +493,8 @@ def interval(e: Expr, env: dict[str, Interval]) -> Interval:
                 return min(c), max(c)
             if bl == bh and al >= 0 and ah < bl:
                 return al, ah
+            if bl == bh and al >= 0 and al // bl == ah // bl:  # one period: exact (a concrete value too)
+                return al % bl, ah % bl
             return (0, bh - 1) if al >= 0 else (-(bh - 1), bh - 1)
         if e.op == "min":
             return min(al, bl), min(ah, bh)
@@ -520,24 +522,37 @@ def _loop_env(s: For, env: dict[str, Interval]) -> Interval | None:
 @dataclass
 class _Writes:
     """What one parallel iteration writes, per buffer name: the hull of the element addresses, and the
-    hull box of the logical indices when every write could be said as a box (None once one could not)."""
+    boxes of the logical indices when every write could be said as a box (None once one could not; up to
+    ``MAX_BOXES``, then their hull): a thread that writes whole channel blocks and half of another is two
+    boxes, which its hull would merge with the other half."""
     flat: dict[str, Interval] = field(default_factory=dict)
-    box: dict[str, list[Interval] | None] = field(default_factory=dict)
+    box: dict[str, list[list[Interval]] | None] = field(default_factory=dict)
+    MAX_BOXES = 256
 
     def add(self, name: str, lo: int, hi: int, box: list[Interval] | None) -> None:
         old = self.flat.get(name)
         self.flat[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         if name not in self.box:
-            self.box[name] = box
-        elif self.box[name] is not None and box is not None:
-            self.box[name] = [(min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(self.box[name], box, strict=True)]
-        else:
+            self.box[name] = None if box is None else [box]
+            return
+        boxes = self.box[name]
+        if boxes is None or box is None:
             self.box[name] = None
+            return
+        for i, b in enumerate(boxes):  # contained in one already, or containing it
+            if all(x[0] <= y[0] and y[1] <= x[1] for x, y in zip(b, box, strict=True)):
+                return
+            if all(y[0] <= x[0] and x[1] <= y[1] for x, y in zip(b, box, strict=True)):
+                boxes[i] = box
+                return
+        boxes.append(box)
+        if len(boxes) > self.MAX_BOXES:
+            self.box[name] = [[(min(b[d][0] for b in boxes), max(b[d][1] for b in boxes)) for d in range(len(box))]]
 
     def overlaps(self, other: _Writes, name: str) -> bool:
         a, b = self.box.get(name), other.box.get(name)
         if a is not None and b is not None:
-            return all(x[0] <= y[1] and y[0] <= x[1] for x, y in zip(a, b, strict=True))
+            return any(all(x[0] <= y[1] and y[0] <= x[1] for x, y in zip(p, q, strict=True)) for p in a for q in b)
         x, y = self.flat[name], other.flat[name]
         return x[0] <= y[1] and y[0] <= x[1]
 
@@ -678,7 +693,8 @@ class _Verifier:
                 if s.kind == "parallel":
                     self.parallel(s, env)
                     continue
-                saved = [(dict(w.flat), dict(w.box)) for w in self.writes]
+                saved = [(dict(w.flat), {k: v if v is None else list(v) for k, v in w.box.items()})
+                         for w in self.writes]
                 try:
                     if self.exact and s.var.name in self.controlling and rng[1] - rng[0] <= 4096:
                         raise _OutOfBounds("(exact)")
