@@ -77,12 +77,15 @@ def test_winograd_micro_kernels_match_their_contracts(target):
     cbi = t.lanes
     nr = 2 * cbi
     xrow, ldv, ldm, rp, lda = 9 * cbi, 3 * cbi, 2 * cbi + 4, 12, 37
-    names = {"wgi": wgi_micro(cbi, xrow, ldv), "wgo": wgo_micro(cbi, ldm, rp), "gemmr": gemmr_micro(5, nr, lda)}
+    names = {"wgi": wgi_micro(cbi, xrow, ldv), "wgo": wgo_micro(cbi, ldm, rp), "gemmr": gemmr_micro(5, nr, lda),
+             "gemmr1": gemmr_micro(1, nr, lda)}  # (one row: k unrolled into partial sums)
     src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names.values())
     src += (f"void w_wgi(const float* x, float* v) {{ dlcc_uk_{names['wgi']}(x, v); }}\n"
             f"void w_wgo(const float* m, float* c, int64_t ldc) {{ dlcc_uk_{names['wgo']}(m, c, ldc); }}\n"
             f"void w_gemmr(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
-            f"int64_t ncols) {{ dlcc_uk_{names['gemmr']}(kc, a, b, c, ldc, acc, ncols); }}\n")
+            f"int64_t ncols) {{ dlcc_uk_{names['gemmr']}(kc, a, b, c, ldc, acc, ncols); }}\n"
+            f"void w_gemmr1(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+            f"int64_t ncols) {{ dlcc_uk_{names['gemmr1']}(kc, a, b, c, ldc, acc, ncols); }}\n")
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
 
     def p(a):
@@ -110,14 +113,16 @@ def test_winograd_micro_kernels_match_their_contracts(target):
         kc, ldc = 29, nr + 3
         a = rng.standard_normal(5 * lda).astype(np.float32)
         b = rng.standard_normal(kc * nr).astype(np.float32)
-        lib.w_gemmr.argtypes = [i64, ptr, ptr, ptr, i64, i64, i64]
-        for acc, ncols in ((0, nr), (1, nr), (1, nr - 3), (0, 1)):
-            start = rng.standard_normal(5 * ldc).astype(np.float32)
-            want, got = start.copy(), start.copy()
-            MICRO[names["gemmr"]].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
+        for key in ("gemmr", "gemmr1"):
+            fn = getattr(lib, f"w_{key}")
+            fn.argtypes = [i64, ptr, ptr, ptr, i64, i64, i64]
+            for acc, ncols in ((0, nr), (1, nr), (1, nr - 3), (0, 1)):
+                start = rng.standard_normal(5 * ldc).astype(np.float32)
+                want, got = start.copy(), start.copy()
+                MICRO[names[key]].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
                                             {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
-            lib.w_gemmr(kc, p(a), p(b), p(got), ldc, acc, ncols)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+                fn(kc, p(a), p(b), p(got), ldc, acc, ncols)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 def test_layer_choice():

@@ -91,13 +91,34 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
     acc = [[f"c{r}_{q}" for q in range(nv)] for r in range(mr)]
     lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
     lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
-    body = [f"const dlcc_vf b{q} = dlcc_vf_load(b + {q * lanes});" for q in range(nv)]
-    for r in range(mr):
-        fmas = " ".join(f"{acc[r][q]} += x{r} * b{q};" for q in range(nv))
-        at = f"a[{r}]" if lda is None else f"a[{r * lda} + k]"
-        body.append(f"{{ const float x{r} = {at}; {fmas} }}")  # (scalar x vector: a broadcast load)
-    body += ([f"a += {mr};"] if lda is None else []) + [f"b += {nr};"]
-    lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
+
+    def step(u: int, sets: list[list[str]]) -> list[str]:
+        """One k (k + u) into the accumulators ``sets``."""
+        out = [f"const dlcc_vf b{u}_{q} = dlcc_vf_load(b + {u * nr + q * lanes});" for q in range(nv)]
+        for r in range(mr):
+            fmas = " ".join(f"{sets[r][q]} += x{u}_{r} * b{u}_{q};" for q in range(nv))
+            at = f"a[{u * mr + r}]" if lda is None else f"a[{r * lda} + k + {u}]"
+            out.append(f"{{ const float x{u}_{r} = {at}; {fmas} }}")  # (scalar x vector: a broadcast load)
+        return out
+
+    # a one-row tile (a product of one row: a classifier, a squeeze-and-excitation FC) is bound by the FMA
+    # latency along k: k unrolled into independent partial sums, added at the end (one row only: a row's tile
+    # height never depends on the thread count, so two threads still give the bits of one)
+    unroll = min(4, -(-8 // nv)) if mr == 1 else 1
+    if unroll > 1:
+        sets = [acc] + [[[f"{a}_u{u}" for a in row] for row in acc] for u in range(1, unroll)]
+        lines.append(f"dlcc_vf {', '.join(a for st in sets[1:] for row in st for a in row)};")
+        lines += [f"{a} = (dlcc_vf){{0}};" for st in sets[1:] for row in st for a in row]
+        body = [line for u in range(unroll) for line in step(u, sets[u])]
+        body += ([f"a += {unroll * mr};"] if lda is None else []) + [f"b += {unroll * nr};"]
+        lines.append(f"int64_t k = 0;\nfor (; k + {unroll} <= kc; k += {unroll}) {{\n{indent(chr(10).join(body))}\n}}")
+        rest = step(0, acc) + ([f"a += {mr};"] if lda is None else []) + [f"b += {nr};"]
+        lines.append(f"for (; k < kc; ++k) {{\n{indent(chr(10).join(rest))}\n}}")
+        lines += [f"{acc[r][q]} += {' + '.join(sets[u][r][q] for u in range(1, unroll))};"
+                  for r in range(mr) for q in range(nv)]
+    else:
+        body = step(0, acc) + ([f"a += {mr};"] if lda is None else []) + [f"b += {nr};"]
+        lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
     name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
     head = (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
             f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n")

@@ -190,7 +190,8 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
     if -(-th // tr) < t:
         t = 1
     pb = tr * tw
-    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1), key=lambda r: (-(-pb // r) * r, -r))
+    # (never a last tile of one row: one-row tiles sum in another order, and the blocks change with the threads)
+    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1), key=lambda r: (pb > 1 and pb % r == 1, -(-pb // r) * r, -r))
     return WinoPlan(co, g, batch, lanes, min(mr, pb), nr, tr, t)
 
 
