@@ -99,7 +99,8 @@ def test_direct_micro_kernels_match_their_contracts(target):
              (t.lanes, 4, t.lanes, 1, 3, 1, 2, 1, 2 * 3 * t.lanes * t.lanes)]  # one of 3 kernel rows: 2 skipped
     kwf_tiles = [(2 * t.lanes, 3, 3, 2, 2, 1, 1, 2, 3 * 5, False),  # 2 of a 5-wide kernel's columns, a row skipped
                  (t.lanes, 5, t.lanes, 3, 3, 1, 1, 1, 3, True)]  # added to c (a later chunk of input blocks)
-    packs = [(t.lanes, 5, 6, 1, 2, 7, 9), (3, 6, 7, 0, 0, 5, 6)]
+    packs = [(t.lanes, 5, 6, 1, 2, 7, 9), (3, 6, 7, 0, 0, 5, 6),  # rows shorter than a vector
+             (t.lanes, 3, 37, 1, 1, 5, 39), (3, 4, 40, 1, 1, 6, 42), (2, 3, 35, 0, 2, 3, 37), (1, 2, 33, 1, 0, 4, 33)]
     src = PRELUDE + vector_helpers(t.lanes) + "\n"
     names = []
     for no, px, cbi, kh, kw, sw, dh, dw, wskip in tiles:
