@@ -162,22 +162,23 @@ def _quiesce(limit_s: float = 0.2) -> None:
         time.sleep(0.0005)
 
 
-WARM_CALLS, WARM_S = 3, 0.01
+WARM_S, WARM_MAX_CALLS = 0.01, 1000
 
 
 def _interleaved(fns, runs: int) -> list[tuple[float, float]]:
     """(best, median) wall time in ms of each callable over ``runs`` rounds, called in turns each round.
     Each turn first waits until the previous configuration's threads have stopped (``_quiesce``), then calls
-    its callable until it has run ``WARM_CALLS`` times or for ``WARM_S`` (at least once), then times one more
-    call: an idle core takes a few milliseconds to come back to full speed on this VM (a 2-thread model's
-    first calls after 100 ms idle: 3.2, 2.3, 1.9, then 1.8 ms), so each configuration is timed as it runs back
-    to back, the way an application calls it, neither helped nor slowed by the other's threads."""
+    its callable for ``WARM_S`` (at least once), then times one more call: an idle core takes a few
+    milliseconds to come back to full speed on this VM (a 2-thread model's first calls after 100 ms idle: 3.2,
+    2.3, 1.9, then 1.8 ms; a 0.6 ms model timed after 3 calls still ran at half speed), so each configuration
+    is timed as it runs back to back, the way an application calls it, neither helped nor slowed by the
+    other's threads."""
     times = [[] for _ in fns]
     for _ in range(runs):
         for i, fn in enumerate(fns):
             _quiesce()
             t0, calls = time.perf_counter(), 0
-            while calls < WARM_CALLS and (calls == 0 or time.perf_counter() - t0 < WARM_S):
+            while calls == 0 or (time.perf_counter() - t0 < WARM_S and calls < WARM_MAX_CALLS):
                 fn()
                 calls += 1
             t = time.perf_counter()
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 "-O3 -march=native, compiled for 1 thread and for 2) against onnxruntime (1 and 2 "
                 "intra-op threads, all graph optimizations); times are best / median ms of "
                 f"{args.runs} interleaved runs in one process (the four configurations take turns; each turn waits "
-                "until the other's threads have stopped spinning, warms up with up to 3 calls, then times one); ratios "
+                "until the other's threads have stopped spinning, warms up for 10 ms, then times one call); ratios "
                 "are onnxruntime's best over dlcc's (above 1: dlcc is faster). GFLOP/s: dlcc.ops.cost FLOPs of "
                 "the compiled kernels over dlcc's time; % of the measured single-core float32 FMA peak "
                 f"({peak:.1f} GFLOP/s, "
