@@ -32,16 +32,33 @@ def _missing() -> str | None:
     return None
 
 
+def _winograd_conv() -> onnx.ModelProto:
+    """A 3x3 convolution (16 -> 64 channels, 13x11, bias and ReLU fused) that takes Winograd F(4x4, 3x3) on
+    NEON (its micro-kernels run only under qemu on an x86 machine)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((64, 16, 3, 3)) / 12).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.standard_normal(64).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 13, 11])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 13, 11])], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-@pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder"])
+@pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder", "winograd"])
 def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -> None:
-    model = randomize(KIT_MODELS[name](), seed=0)
+    model = _winograd_conv() if name == "winograd" else randomize(KIT_MODELS[name](), seed=0)
     src = tmp_path / f"{name}.onnx"
     onnx.save(model, src)
     out = tmp_path / "b"
     assert main(["compile", str(src), "-o", str(out), "--target", "aarch64", "--build"]) == 0, capsys.readouterr().err
     assert "-march=armv8-a" in (out / "Makefile").read_text()
-    assert "vector_size(16)" in "".join(p.read_text() for p in out.glob("kernels_*.c"))
+    kernels = "".join(p.read_text() for p in out.glob("kernels_*.c"))
+    assert "vector_size(16)" in kernels
+    assert ("dlcc_uk_wgi_4_" in kernels) == (name == "winograd")
     manifest = json.loads((out / "model.json").read_text())
     assert manifest["target"] == "aarch64"
     feeds = random_inputs(model, seed=1)
