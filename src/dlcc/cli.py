@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -156,8 +157,12 @@ def _machine_target(args: argparse.Namespace):
     if getattr(args, "portable", False):
         if args.machine_target not in (None, "generic"):
             raise DlccError("--portable and --target name two targets", hint="give one of them")
-        return get_target("generic")
-    return get_target(args.machine_target)
+        target = get_target("generic")
+    else:
+        target = get_target(args.machine_target)
+    if not getattr(args, "winograd", True):  # --no-winograd
+        target = dataclasses.replace(target, winograd=False)
+    return target
 
 
 def _stage_dumper(args: argparse.Namespace):
@@ -620,6 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--threads", type=int, default=None, metavar="N",
                        help="threads the compiled model runs on (default: the target's cores, this machine's "
                             "for native; 1 = no thread pool, no pthreads)")
+        p.add_argument("--no-winograd", dest="winograd", action="store_false",
+                       help="keep every 3x3 convolution direct (Winograd's transformed weights are 4x larger)")
 
     def legacy_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument("--keep-initializer-inputs", action="store_true",

@@ -6,7 +6,8 @@ changed) and options: ``input_shapes`` to fix symbolic dims, ``fusion`` (auto | 
 ``target="generic"``), ``threads`` (the generated thread pool's size; default the target's cores, 1 = no
 pthreads), ``level`` (graph optimization level),
 ``constants`` (input name -> array: inputs that are really parameters, such as axes or scales, frozen
-into the model so the code can be specialized to them).
+into the model so the code can be specialized to them), ``winograd`` (default True; False keeps every 3x3
+convolution direct: slower, but the weights blob keeps the model's size).
 What comes out: ``Artifacts`` (every stage's result, for the bundle writer, reports and tests), from
 ``build_artifacts``; ``compile`` returns the loaded ``CompiledModel``.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx_ir as ir
 
@@ -76,12 +77,15 @@ def _copy(model: ir.Model) -> ir.Model:
 def build_artifacts(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                     level: int = 3, on_stage: Callable[[str], None] | None = None,
                     constants: Mapping[str, object] | None = None, target: Target | str | None = None,
-                    threads: int | None = None, on_ir: Callable[[str, str], None] | None = None) -> Artifacts:
+                    threads: int | None = None, on_ir: Callable[[str, str], None] | None = None,
+                    winograd: bool = True) -> Artifacts:
     """Run the backend stages (``BACKEND``) on ``model``. ``on_stage(name)`` is told when each stage ends;
     ``on_ir(name, listing)`` (``dlcc compile --print-after/--dump-dir``) also gets the IR the stage left:
     the graph (load, optimize), the fusion groups, the kernel IR (lower, schedule, memory: with workspace
     and arena offsets; codegen: with the loop IR of the kernels built in it)."""
     target = get_target(target)
+    if not winograd:
+        target = replace(target, winograd=False)
     b = _Build(model, input_shapes, fusion, level, constants, target, default_threads(target, threads))
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -371,7 +375,7 @@ def _check_sizes(m: ir.Model) -> None:
 def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None, fusion: str = "auto",
                   portable: bool = False, level: int = 3, on_stage: Callable[[str], None] | None = None,
                   constants: Mapping[str, object] | None = None, target: Target | str | None = None,
-                  threads: int | None = None):
+                  threads: int | None = None, winograd: bool = True):
     """Compile ``model`` to a ``CompiledModel`` (see the module docstring)."""
     target = get_target("generic" if portable and target is None else target)
     if not target.runs_here():
@@ -384,7 +388,7 @@ def compile_model(model, *, input_shapes: Mapping[str, Sequence[int]] | None = N
     from dlcc.build.runtime import CompiledModel, aligned_empty
 
     art = build_artifacts(model, input_shapes=input_shapes, fusion=fusion, level=level, on_stage=on_stage,
-                          constants=constants, target=target, threads=threads)
+                          constants=constants, target=target, threads=threads, winograd=winograd)
     t = time.perf_counter()
     lib = build_shared(art.csource.files, target=target, threads=art.threads)
     art.timings["cc"] = time.perf_counter() - t

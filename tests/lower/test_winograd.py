@@ -191,3 +191,23 @@ def test_winograd_single_node_every_target():
     ref = ort_output(m, feeds)
     for target in runnable_targets():
         assert_close(run_node(m, feeds, target=target), ref, 1e-4, 1e-6)
+
+
+def test_winograd_can_be_switched_off(tmp_path):
+    """dlcc.compile(..., winograd=False) and --no-winograd keep every 3x3 convolution direct: the same outputs,
+    the weights blob at the model's size (Winograd's transformed weight is 36/9 = 4x the 3x3 weight)."""
+    import dlcc
+    from dlcc.cli import main
+
+    m, feeds = _conv_model((1, 64, 28, 28), 64, [1, 1, 1, 1], False)
+    ref = ort_output(m, feeds)
+    on, off = dlcc.compile(m, threads=1), dlcc.compile(m, threads=1, winograd=False)
+    assert "dlcc_uk_wgi_" in on.artifacts.csource.source
+    assert "dlcc_uk_wgi_" not in off.artifacts.csource.source
+    assert len(off.artifacts.csource.weights) < len(on.artifacts.csource.weights) / 3
+    for cm in (on, off):
+        assert_close(next(iter(cm(feeds).values())), ref, 1e-4, 1e-6)
+    src = tmp_path / "conv.onnx"
+    onnx.save(m, src)
+    assert main(["compile", str(src), "-o", str(tmp_path / "b"), "--threads", "1", "--no-winograd"]) == 0
+    assert "dlcc_uk_wgi_" not in "".join(p.read_text() for p in (tmp_path / "b").glob("kernels_*.c"))

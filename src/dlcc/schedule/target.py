@@ -40,6 +40,7 @@ class Target:
     l1d_bytes: int = 32 * 1024
     l2_bytes: int = 1024 * 1024
     l3_bytes: int = 8 * 1024 * 1024  # (the last level, shared)
+    winograd: bool = True  # 3x3 convolutions may run as Winograd F(4x4, 3x3) (4x the weight bytes of those layers)
     cflags: tuple[str, ...] = ()
     cross_cc: str | None = None  # the compiler a bundle for this arch is built with on another arch
     detected_from: str = field(default="", compare=False)  # native: what the detection saw
