@@ -8,11 +8,11 @@ import tempfile
 
 import numpy as np
 import pytest
-from test_lir import PRELUDE, _build, _conv_ref
+from test_lir import PRELUDE, _build, _conv_ref, _run_conv_ir
 
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
-from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
+from dlcc.lower.lir import MICRO, Buf, Layout, verify_func
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, dwc_micro, nchwc_micro
 from dlcc.schedule.direct import direct_func, pack_direct, plan_direct
 from dlcc.schedule.gemm import ConvGeometry
@@ -58,15 +58,7 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
                     Buf("c", "float32", Layout.strided((n, co, oh * ow))),
                     Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
     verify_func(f)
-    out = np.full((n, co, oh * ow), np.nan, np.float32)
-    seen = []
-
-    def epilogue(i, v):
-        seen.append(i)
-        out[i] = v
-
-    run_func(f, {"x": x.ravel().copy(), "wp": wpk.ravel(), "c": np.zeros(out.size, np.float32),
-                 "ws": np.full(p.workspace_floats, np.nan, np.float32)}, epilogue)
+    out, seen = _run_conv_ir(f, x, "wp", wpk, (n, co, oh * ow), p.workspace_floats)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
 
@@ -219,14 +211,6 @@ def test_blocked_depthwise_loop_ir_matches_numpy(ci, h, s, k, batch, threads):
                  Buf("c", "float32", Layout.strided((batch, ci, oh * oh))),
                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), True)
     verify_func(f)
-    out = np.full((batch, ci, oh * oh), np.nan, np.float32)
-    seen = []
-
-    def epilogue(i, v):
-        seen.append(i)
-        out[i] = v
-
-    run_func(f, {"x": x.ravel().copy(), "wp": wp.ravel(), "c": np.zeros(out.size, np.float32),
-                 "ws": np.full(p.workspace_floats, np.nan, np.float32)}, epilogue)
+    out, seen = _run_conv_ir(f, x, "wp", wp, (batch, ci, oh * oh), p.workspace_floats)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size

@@ -285,6 +285,22 @@ def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn):
     assert len(seen) == len(set(seen)) == batch * m * n
 
 
+def _run_conv_ir(f, x, wname, wp, out_shape, ws_floats):
+    """Interpret a convolution's loop IR ``f`` on ``x`` and its packed weight ``wp`` (parameter ``wname``), the
+    workspace NaN: the values handed to the epilogue as an array of ``out_shape`` (NaN where none came) and the
+    indices handed, in order."""
+    out = np.full(out_shape, np.nan, np.float32)
+    seen = []
+
+    def epilogue(i, v):
+        seen.append(i)
+        out[i] = v
+
+    run_func(f, {"x": x.ravel().copy(), wname: wp.ravel(), "c": np.zeros(out.size, np.float32),
+                 "ws": np.full(ws_floats, np.nan, np.float32)}, epilogue)
+    return out, seen
+
+
 def _conv_ref(x, w, s, d, pad):
     n, c, h, wd = x.shape
     co, _, kh, kw = w.shape

@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_lir import PRELUDE, _build, _conv_ref
+from test_lir import PRELUDE, _build, _conv_ref, _run_conv_ir
 
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
-from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
+from dlcc.lower.lir import MICRO, Buf, Layout, verify_func
 from dlcc.lower.micro import WINO_AT, WINO_BT, WINO_G, gemmr_micro, wgi_micro, wgo_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import get_target
@@ -54,15 +54,7 @@ def test_winograd_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
                   Buf("c", "float32", Layout.strided((n, co, oh * ow))),
                   Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
     verify_func(f)
-    out = np.full((n, co, oh * ow), np.nan, np.float32)
-    seen = []
-
-    def epilogue(i, v):
-        seen.append(i)
-        out[i] = v
-
-    run_func(f, {"x": x.ravel().copy(), "up": up.ravel(), "c": np.zeros(out.size, np.float32),
-                 "ws": np.full(p.workspace_floats, np.nan, np.float32)}, epilogue)
+    out, seen = _run_conv_ir(f, x, "up", up, (n, co, oh * ow), p.workspace_floats)
     scale = np.abs(ref).max()
     np.testing.assert_allclose(out.reshape(ref.shape) / scale, ref / scale, atol=1e-5)
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once

@@ -52,7 +52,7 @@ from dlcc.schedule.target import Target
 
 __all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_batched_dims",
            "gemm_func", "gemm_func_batched", "gemm_func_conv", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm",
-           "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst"]
+           "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst", "register_tile", "tile_rows"]
 
 MIN_N = 8  # below this many columns a product is a set of dot products (schedule.matmul.dots_func)
 # a row micro-panel of A read in place (gemmr_) rather than packed when a thread runs it against at most this
@@ -129,14 +129,24 @@ class GemmPlan:
         return 4 * self.workspace_floats * self.threads
 
 
-def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmPlan:
-    lanes = target.lanes
+def register_tile(target: Target) -> tuple[int, int]:
+    """(nr, the most rows mr) of the GEMM register tile: nr = 2 vectors (3 on 32-register NEON), as many rows as
+    the registers left beside one row of B and a broadcast hold (at most 14)."""
     nvec = 3 if target.arch == "aarch64" else 2
-    nr = nvec * lanes
-    mr_max = max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
-    # the rows per tile that waste least on the last, partial tile (128 rows: 13, not 14 = 9 tiles + 2 rows)
-    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1), key=lambda r: (-(-m // r) * r, -r))
-    mr = min(mr, max(1, m))
+    return nvec * target.lanes, max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
+
+
+def tile_rows(m: int, mr_max: int, no_one_row_tail: bool = False) -> int:
+    """The rows per tile that waste least on the last, partial tile of ``m`` rows (128 rows: 13, not 14 = 9 tiles
+    + 2 rows), between 2/3 of ``mr_max`` and it; ``no_one_row_tail``: never a last tile of one row."""
+    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1),
+             key=lambda r: (no_one_row_tail and m > 1 and m % r == 1, -(-m // r) * r, -r))
+    return min(mr, max(1, m))
+
+
+def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmPlan:
+    nr, mr_max = register_tile(target)
+    mr = tile_rows(m, mr_max)
     kc_max = max(64, (target.l1d_bytes // 2) // (4 * mr) // 16 * 16)
     kc = -(-k // -(-k // kc_max))  # balanced blocks
     panels = -(-n // nr)

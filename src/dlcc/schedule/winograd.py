@@ -46,7 +46,7 @@ from dlcc.lower.lir import (
 )
 from dlcc.lower.micro import WINO_G, gemmr_micro, wgi_micro, wgo_micro
 from dlcc.schedule.direct import repack_phase
-from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
@@ -161,9 +161,7 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
     a few large blocks where U is large, small ones that keep V and M in L2 where it is small); the register
     tile as the packed GEMM's (``gemm.plan_gemm``), its rows chosen to waste least on a block's last tile."""
     lanes = target.lanes
-    nvec = 3 if target.arch == "aarch64" else 2
-    nr = nvec * lanes
-    mr_max = max(1, min(14, (target.vector_registers - nvec - 1) // nvec))
+    nr, mr_max = register_tile(target)
     th, tw = -(-g.oh // 4), -(-g.ow // 4)
     cp = -(-g.ci // lanes) * lanes
     kp = -(-co // nr) * nr
@@ -193,8 +191,7 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
         t = 1
     pb = tr * tw
     # (never a last tile of one row: one-row tiles sum in another order, and the blocks change with the threads)
-    mr = min(range(max(1, mr_max * 2 // 3), mr_max + 1), key=lambda r: (pb > 1 and pb % r == 1, -(-pb // r) * r, -r))
-    return WinoPlan(co, g, batch, lanes, min(mr, pb), nr, tr, t)
+    return WinoPlan(co, g, batch, lanes, tile_rows(pb, mr_max, no_one_row_tail=True), nr, tr, t)
 
 
 def pack_winograd(w: np.ndarray, p: WinoPlan) -> np.ndarray:

@@ -92,10 +92,9 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
         except TemplateError:
             return 0
         g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
-        direct = plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
-        if use_winograd(g, ws[0], xs[0], target, threads):
-            return max(direct, plan_winograd(ws[0], g, xs[0], target, threads).workspace_bytes)
-        return direct
+        if use_winograd(g, ws[0], xs[0], target, threads):  # (which the template then takes)
+            return plan_winograd(ws[0], g, xs[0], target, threads).workspace_bytes
+        return plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
     if not conv_gemm_pays(g, ws[0]):
         return 0
     if ws[2] * ws[3] == 1 and (sh, sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.lower.lir import Buf, Layout, verify_func
+from dlcc.lower.lir import Buf, Func, Layout, verify_func
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
 from dlcc.schedule.direct import DirectPlan, direct_func, direct_pays, pack_direct, plan_direct, trim_taps
 from dlcc.schedule.dwconv import DwcPlan, dw_func, dwc_func, pack_dwc, plan_dwc
@@ -262,46 +262,37 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
     """A 2-D group-1 convolution as the direct convolution of the loop IR over a channel-blocked copy of the
     input (``schedule.direct``): the weight packed at compile time for the register tile; bias in the
     epilogue."""
-    N, M = xref.shape[0], w4.shape[0]
-    ws, c = call.workspace, call.scratch
     g, (y0, y1), (x0, x1) = trim_taps(g)  # taps no output reaches inside the input: dropped
     w4 = w4[:, :, y0:y1, x0:x1]
-    plan = plan_direct(M, g, N, call.target, call.threads)
-    if plan.workspace_floats > ws.size:
-        return None
-    names = call.names
-    wpk = call.packed(pack_direct(w4, plan))
-    wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, M, g.oh * g.ow), None, c.offset))
-    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-    f = direct_func(plan, x, wp, cb, wsb, fresh=names)
-    _verify_direct_once(plan, xref.shape, xref.strides, ws.size)
-    outs = [g.oh, g.ow]
-
-    def store(idx, v):
-        return _pixel_store(call, bref, outs, idx, v)
-
-    return call.emit(f, store, {wsb.name: ws.base()})
+    plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads)
+    return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func)
 
 
 def _winograd(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorRef | None,
               g: ConvGeometry) -> str | None:
     """A 3x3 stride-1 convolution as Winograd F(4x4, 3x3) (``schedule.winograd``): the weight transformed and
     packed at compile time; bias in the epilogue."""
-    N, M = xref.shape[0], w4.shape[0]
+    plan = plan_winograd(w4.shape[0], g, xref.shape[0], call.target, call.threads)
+    return _planned_conv(call, xref, bref, g, plan, lambda: pack_winograd(w4, plan), wino_func)
+
+
+def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g: ConvGeometry,
+                  plan: DirectPlan | WinoPlan, pack: Callable[[], np.ndarray],
+                  func: Callable[..., Func]) -> str | None:
+    """The loop IR ``func(plan, x, packed weight, c, ws)`` of a convolution whose plan needs workspace (the
+    direct or the Winograd form), or None when the declared workspace is smaller than the plan's; the weight
+    packed at compile time (``pack``, only when it runs); each output pixel through the fused epilogue."""
     ws, c = call.workspace, call.scratch
-    plan = plan_winograd(M, g, N, call.target, call.threads)
     if plan.workspace_floats > ws.size:
         return None
     names = call.names
-    upk = call.packed(pack_winograd(w4, plan))
-    up = Buf(upk.ptr, "float32", Layout.strided(upk.shape))
+    wpk = call.packed(pack())
+    wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, M, g.oh * g.ow), None, c.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None, c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-    f = wino_func(plan, x, up, cb, wsb, fresh=names)
-    _verify_wino_once(plan, xref.shape, xref.strides, ws.size)
+    f = func(plan, x, wp, cb, wsb, fresh=names)
+    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size)
     outs = [g.oh, g.ow]
 
     def store(idx, v):
@@ -311,21 +302,14 @@ def _winograd(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorR
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_wino_once(plan: WinoPlan, shape: tuple[int, ...], strides: tuple[int, ...], ws_floats: int) -> None:
+def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan, shape: tuple[int, ...],
+                         strides: tuple[int, ...], packed: tuple[int, ...], ws_floats: int) -> None:
+    """verify_func on ``func``'s loop IR of ``plan`` (the same for every convolution with these shapes)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
-    up = Buf("u", "float32", Layout.strided((36 * plan.ncp, plan.cp * plan.nr)))
+    wp = Buf("w", "float32", Layout.strided(packed))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(wino_func(plan, x, up, c, ws))
-
-
-@functools.lru_cache(maxsize=256)
-def _verify_direct_once(plan: DirectPlan, shape: tuple[int, ...], strides: tuple[int, ...], ws_floats: int) -> None:
-    x = Buf("x", "float32", Layout.strided(shape, strides))
-    wp = Buf("w", "float32", Layout.strided((plan.n_oct, plan.ncb * plan.g.kh * plan.g.kw * plan.cbi * plan.no)))
-    c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
-    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(direct_func(plan, x, wp, c, ws))
+    verify_func(func(plan, x, wp, c, ws))
 
 
 @functools.lru_cache(maxsize=256)
