@@ -197,10 +197,15 @@ def _lower(b: _Build) -> None:
 
 
 def _schedule(b: _Build) -> None:
+    from dlcc.lower.kir import verify_program
+    from dlcc.schedule.pwdw import fuse_pointwise_depthwise
     from dlcc.schedule.target import get_target
     from dlcc.schedule.workspace import declare_workspace
 
-    declare_workspace(b.program, get_target(b.target), b.threads)
+    target = get_target(b.target)
+    if fuse_pointwise_depthwise(b.program, target, b.threads):
+        verify_program(b.program)
+    declare_workspace(b.program, target, b.threads)
 
 
 def _memory(b: _Build) -> None:
@@ -228,8 +233,9 @@ BACKEND: list[tuple[str, Callable[[_Build], None]]] = [
     ("fusion", _fusion),
     # kernel IR: one loop-nest kernel per group, views for reshape-like ops, epilogues in their template
     ("lower", _lower),
-    # per target and thread count: the scratch each kernel asks for (packed GEMM panels), declared
-    # before memory planning so the arena holds it
+    # per target and thread count: 1x1 convolutions merged into the depthwise convolution that reads them
+    # (schedule.pwdw), then the scratch each kernel asks for (packed GEMM panels), declared before memory
+    # planning so the arena holds it
     ("schedule", _schedule),
     # one arena for every temporary, checked against the size limit before codegen copies the weights
     ("memory", _memory),

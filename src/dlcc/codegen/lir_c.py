@@ -61,9 +61,10 @@ Index = Callable[[Sequence[str]], str]
 
 class _Printer:
     def __init__(self, ptrs: dict[str, str], store: Callable[[Sequence[str], str], str] | None, lanes: int,
-                 inputs: dict[int, Index]):
+                 inputs: dict[int, Index], chain: Callable[[Sequence[str], str], str] | None = None):
         self.ptrs = dict(ptrs)
         self.store = store
+        self.chain = chain
         self.lanes = lanes
         self.inputs = inputs
         self.micro: set[str] = set()
@@ -179,6 +180,11 @@ class _Printer:
         if isinstance(s, Micro):
             self.micro.add(s.name)
             return f"dlcc_uk_{s.name}({', '.join(self.e(a) for a in s.args)});"
+        if isinstance(s, Epilogue) and s.dest is not None:  # a fused producer's result into scratch
+            val = self.e(s.value)
+            if self.chain is not None:
+                val = self.chain([self.e(i) for i in s.index], val)
+            return f"{self.ref(s.dest.buf, s.dest.index, 1)} = {val};"
         if isinstance(s, Epilogue):
             if self.store is None:
                 raise DlccError("internal: a loop IR epilogue without a store")
@@ -207,8 +213,11 @@ class _Printer:
 
 
 def print_c(f: Func, ptrs: dict[str, str], store: Callable[[Sequence[str], str], str] | None = None,
-            lanes: int = 4, inputs: dict[int, Index] | None = None) -> tuple[str, set[str]]:
+            lanes: int = 4, inputs: dict[int, Index] | None = None,
+            chain: Callable[[Sequence[str], str], str] | None = None) -> tuple[str, set[str]]:
     """C statements computing ``f`` and the micro-kernels it calls. A parameter is the C pointer of its name
-    unless ``ptrs`` says otherwise; workspace buffers are at ``ptrs``; ``inputs[k]`` prints opaque input ``k``."""
-    p = _Printer({**{b.name: b.name for b in f.params}, **ptrs}, store, lanes, inputs or {})
+    unless ``ptrs`` says otherwise; workspace buffers are at ``ptrs``; ``inputs[k]`` prints opaque input ``k``;
+    ``chain(index, value)``: the C expression of a fused producer's elementwise chain on its element ``index``
+    (the Epilogues with a destination; none: the value itself)."""
+    p = _Printer({**{b.name: b.name for b in f.params}, **ptrs}, store, lanes, inputs or {}, chain)
     return p.stmts(f.body), p.micro

@@ -45,7 +45,7 @@ from dlcc.codegen.cbase import (
 from dlcc.codegen.cbase import sanitize_comment as _c
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
 from dlcc.codegen.lir_c import print_c
-from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, TemplateCall
+from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, Producer, TemplateCall
 from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline
 from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
@@ -156,11 +156,8 @@ class _KernelGen:
             return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(_emit_map(f, dst.at, element))}\n}}"
         return self.template(step, gen, names)
 
-    def template(self, step: Step, gen: ExprGen, names: Names) -> str:
-        node = step.anchor
-        end = step.outputs[0]
-        a = node.outputs[0]
-        dst = gen.buffers[end]
+    def operands(self, node: ir.Node, gen: ExprGen) -> list[Operand | None]:
+        """The template operands of ``node``'s inputs: buffers (with their constant, if any), else inlined."""
         operands: list[Operand | None] = []
         for v in node.inputs:
             if v is None:
@@ -176,6 +173,36 @@ class _KernelGen:
             else:
                 operands.append(Operand(value_shape(v), value_dtype(v),
                                         lambda idx, v=v: gen.at(v, idx, None), None, const))
+        return operands
+
+    @staticmethod
+    def chain(a: ir.Value, end: ir.Value, gen: ExprGen, names: Names) -> Callable[[Sequence[str], str], \
+            tuple[list[str], str]]:
+        """(statements, expression) of the fused elementwise chain from anchor result ``a`` to ``end`` at element
+        ``idx``, given the anchor's value there."""
+        def parts(idx: Sequence[str], val: str) -> tuple[list[str], str]:
+            if end is a:
+                return [], val
+            saved = gen._memo
+            gen._memo = {}
+            stmts: list[str] = []
+            tmp = names("e")
+            stmts.append(f"const float {tmp} = {val};")
+            gen.bound[a] = tmp
+            try:
+                expr = gen.compute(end, list(idx), stmts)
+            finally:
+                del gen.bound[a]
+                gen._memo = saved
+            return stmts, expr
+        return parts
+
+    def template(self, step: Step, gen: ExprGen, names: Names) -> str:
+        node = step.anchor
+        end = step.outputs[0]
+        a = node.outputs[0]
+        dst = gen.buffers[end]
+        operands = self.operands(node, gen)
         shape = value_shape(a)
         if dst.dtype == "float32" and dst.contiguous and dst.shape == shape:
             scratch = dst
@@ -184,27 +211,33 @@ class _KernelGen:
         else:
             raise DlccError("internal: a template step with a strided or non-float destination has no scratch")
         direct = end is a and scratch is dst
+        parts = self.chain(a, end, gen, names)
 
         def store(idx, val):
             idx = [str(i) for i in idx]
             if end is a:
                 return f"{dst.at(idx)} = {val};"
-            saved = gen._memo
-            gen._memo = {}
-            stmts: list[str] = []
-            tmp = names("e")
-            stmts.append(f"const float {tmp} = {val};")
-            gen.bound[a] = tmp
-            try:
-                expr = gen.compute(end, idx, stmts)
-            finally:
-                del gen.bound[a]
-                gen._memo = saved
+            stmts, expr = parts(idx, val)
             return "{ " + " ".join(stmts) + f" {dst.at(idx)} = {expr}; }}"
 
+        producer = None
+        if step.producer is not None:  # a 1x1 Conv computed inside this step: its chain, bias first
+            pn = step.producer.anchor
+            pops = self.operands(pn, gen)
+            pparts = self.chain(pn.outputs[0], step.producer.outputs[0], gen, names)
+            bias = pops[2].ref if len(pops) > 2 and pops[2] is not None else None
+
+            def pchain(idx, val, pparts=pparts, bias=bias):
+                idx = [str(i) for i in idx]
+                stmts, expr = pparts(idx, f"{val} + {bias.at([idx[1]])}" if bias is not None else val)
+                return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
+
+            identity = bias is None and step.producer.outputs[0] is pn.outputs[0]
+            producer = Producer(pn, pops, pchain, identity)
         ws = self.ref(step.workspace) if step.workspace is not None else None
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
-                            lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro)
+                            lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro,
+                            producer=producer)
         code = TEMPLATES[op_key(node)](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"

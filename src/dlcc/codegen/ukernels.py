@@ -41,7 +41,7 @@ _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})(_m)?$")
 _DWC = re.compile(r"dwc(max)?_(\d+(?:_\d+){7})$")
-_GEMMR = re.compile(r"gemmr_(\d+)x(\d+)_(\d+)$")
+_GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
 _WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
 
@@ -66,7 +66,7 @@ def micro_c(name: str, lanes: int) -> str:
         return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=bool(m.group(1)))
     m = _GEMMR.match(name)
     if m is not None:
-        return _gemm(int(m.group(1)), int(m.group(2)), lanes, lda=int(m.group(3)))
+        return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q")
     m = _WGI.match(name)
     if m is not None:
         return _wgi(*(int(v) for v in m.groups()), lanes=lanes)
@@ -82,9 +82,12 @@ def micro_c(name: str, lanes: int) -> str:
     return _gemm(int(m.group(2)), int(m.group(3)), lanes, bool(m.group(1)))
 
 
-def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | None = None) -> str:
+def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | None = None,
+          split: bool = False) -> str:
     """``gemm_``/``gemmt_`` over a packed A micro-panel, or with ``lda`` ``gemmr_``: A read in place, row-major
-    (mr rows at a constant stride, each value broadcast from its row)."""
+    (mr rows at a constant stride, each value broadcast from its row), or with ``split`` ``gemmq_``: A read in
+    place with k at stride ``lda`` (a packed panel's order, whose k-rows are ``lda`` apart), the whole tile
+    stored, each vector of columns ``ldq`` apart (no accumulation, no partial tile)."""
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
     nv = nr // lanes
@@ -97,7 +100,8 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         out = [f"const dlcc_vf b{u}_{q} = dlcc_vf_load(b + {u * nr + q * lanes});" for q in range(nv)]
         for r in range(mr):
             fmas = " ".join(f"{sets[r][q]} += x{u}_{r} * b{u}_{q};" for q in range(nv))
-            at = f"a[{u * mr + r}]" if lda is None else f"a[{r * lda} + k + {u}]"
+            at = (f"a[{u * mr + r}]" if lda is None else f"a[{u * lda + r}]" if split
+                  else f"a[{r * lda} + k + {u}]")
             out.append(f"{{ const float x{u}_{r} = {at}; {fmas} }}")  # (scalar x vector: a broadcast load)
         return out
 
@@ -110,16 +114,24 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         lines.append(f"dlcc_vf {', '.join(a for st in sets[1:] for row in st for a in row)};")
         lines += [f"{a} = (dlcc_vf){{0}};" for st in sets[1:] for row in st for a in row]
         body = [line for u in range(unroll) for line in step(u, sets[u])]
-        body += ([f"a += {unroll * mr};"] if lda is None else []) + [f"b += {unroll * nr};"]
+        body += ([f"a += {unroll * (lda if split else mr)};"] if lda is None or split else []) + \
+            [f"b += {unroll * nr};"]
         lines.append(f"int64_t k = 0;\nfor (; k + {unroll} <= kc; k += {unroll}) {{\n{indent(chr(10).join(body))}\n}}")
-        rest = step(0, acc) + ([f"a += {mr};"] if lda is None else []) + [f"b += {nr};"]
+        rest = step(0, acc) + ([f"a += {lda if split else mr};"] if lda is None or split else []) + \
+            [f"b += {nr};"]
         lines.append(f"for (; k < kc; ++k) {{\n{indent(chr(10).join(rest))}\n}}")
         lines += [f"{acc[r][q]} += {' + '.join(sets[u][r][q] for u in range(1, unroll))};"
                   for r in range(mr) for q in range(nv)]
     else:
-        body = step(0, acc) + ([f"a += {mr};"] if lda is None else []) + [f"b += {nr};"]
+        body = step(0, acc) + ([f"a += {lda if split else mr};"] if lda is None or split else []) + \
+            [f"b += {nr};"]
         lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
-    name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
+    name = (f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None
+            else f"gemm{'q' if split else 'r'}_{mr}x{nr}_{lda}")
+    if split:
+        stores = [f"dlcc_vf_store(c + {q} * ldq + {r} * ldc, {acc[r][q]});" for q in range(nv) for r in range(mr)]
+        return (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
+                f"float* restrict c, int64_t ldc, int64_t ldq) {{\n{indent(chr(10).join(lines + stores))}\n}}\n")
     head = (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
             f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n")
     if transposed:  # through a local tile: c[j*ldc + r] for each column j < ncols, rows r < mr contiguous

@@ -15,6 +15,8 @@ interpreter (``dlcc.lower.interp``) runs.
                             with its elementwise epilogue (bias, activation, residual add) applied to each
                             result before it is stored — the kernel owns its epilogue
       inputs / outputs      buffer ids in graph order
+    producer: a template step may compute another template step's result inside it (``Step.producer``: a 1x1
+    Conv feeding a depthwise Conv); that result has no buffer.
     workspace: a template step may own a ``temp`` buffer of scratch (packed operands, transform tiles) that
     the schedule stage declared before memory planning; its kernel writes it and nothing reads it after,
     so it lives for that kernel only.
@@ -82,10 +84,15 @@ class Step:
     scratch: int | None = None  # template steps whose destination is strided or not float32: an accumulator
     workspace: int | None = None  # template steps: the scratch buffer the schedule declared (packed operands)
     loop_ir: str = ""  # template steps built in the loop-level IR: its listing (``lir.print_func``), by codegen
+    # template steps: a template step whose result this one reads, computed inside this one and never stored
+    # (a 1x1 Conv fused into the depthwise Conv that reads it: ``schedule.pwdw``); ``nodes`` then holds its
+    # nodes first
+    producer: Step | None = None
 
     def describe(self) -> str:
         ops = "+".join(n.op_type for n in self.nodes) or "-"
-        return f"{self.kind}{'(' + self.anchor.op_type + ')' if self.anchor else ''} [{ops}]"
+        into = f" <- {self.producer.anchor.op_type}" if self.producer is not None and self.producer.anchor else ""
+        return f"{self.kind}{'(' + self.anchor.op_type + into + ')' if self.anchor else ''} [{ops}]"
 
 
 @dataclass

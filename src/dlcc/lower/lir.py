@@ -18,6 +18,9 @@ numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
         Micro(name, args)                   a named micro-kernel (``MICRO``) with a stated contract
         Epilogue(index, value)              hands element ``index`` of the kernel's result to the fused
                                             epilogue (bias, activation, residual add, the final store)
+        Epilogue(index, value, dest)        a fused producer's epilogue (``dest``: a Load naming the element):
+                                            element ``index`` of the producer's result, its elementwise chain
+                                            applied, stored at ``dest`` (the kernel's own scratch)
       expressions: Var, Const, Bin(op, a, b), Load(buf, index, lanes), Bcast(value, lanes), Select(cond, a, b),
                    Ptr(buf, index),
         Call(fn, args)                      a float32 math function of ``CALLS`` (exp, log, sqrt, pow, abs...)
@@ -364,6 +367,7 @@ class Micro(Stmt):
 class Epilogue(Stmt):
     index: tuple[Expr, ...]
     value: Expr
+    dest: Load | None = None  # a producer's epilogue: where its result goes (else the kernel's epilogue)
 
 
 @dataclass
@@ -449,7 +453,9 @@ def _pstmts(body: Sequence[Stmt], depth: int, out: list[str]) -> None:
         elif isinstance(s, Micro):
             out.append(f"{pad}micro {s.name}({', '.join(_pe(a) for a in s.args)})")
         elif isinstance(s, Epilogue):
-            out.append(f"{pad}epilogue[{', '.join(_pe(i) for i in s.index)}] <- {_pe(s.value)}")
+            to = f" -> {_pe(s.dest)}" if s.dest is not None else ""
+            out.append(f"{pad}epilogue{'(producer)' if to else ''}[{', '.join(_pe(i) for i in s.index)}] <- "
+                       f"{_pe(s.value)}{to}")
         else:
             raise PassError(f"loop IR: unknown statement {s!r}")
 
@@ -741,7 +747,11 @@ class _Verifier:
                 for i in s.index:
                     self.expr(i, env)
                 self.expr(s.value, env)
-                if self.writes:  # the epilogue stores element ``index`` of the kernel's result
+                if s.dest is not None:  # a producer's result: a store into the kernel's scratch
+                    if s.dest.lanes != 1 or s.value.lanes != 1 or s.dest.dtype != s.value.dtype:
+                        self.fail("a producer epilogue stores one scalar of its destination's dtype")
+                    self.access(s.dest.buf, s.dest.index, 1, env, True)
+                elif self.writes:  # the epilogue stores element ``index`` of the kernel's result
                     box = [interval(i, env) for i in s.index]
                     for w in self.writes:
                         w.add("(epilogue)", 0, 0, box)
@@ -838,10 +848,11 @@ def verify_func(f: Func) -> None:
 
 # ------------------------------------------------------------------------------------------ interpreter
 class _Interp:
-    def __init__(self, arrays: dict[str, np.ndarray], epilogue, inputs):
+    def __init__(self, arrays: dict[str, np.ndarray], epilogue, inputs, producer):
         self.mem = arrays  # buffer name -> flat array (physical)
         self.epilogue = epilogue
         self.inputs = inputs
+        self.producer = producer
 
     def ev(self, e: Expr, env: dict[str, int]):
         if isinstance(e, Const):
@@ -914,20 +925,24 @@ class _Interp:
                         name, off = self.ev(a, env)
                         arrays[pname], offsets[pname] = self.mem[name], off
                 mk.reference(arrays, offsets, scalars)
+            elif isinstance(s, Epilogue) and s.dest is not None:
+                v = self.producer(tuple(int(self.ev(i, env)) for i in s.index), self.ev(s.value, env))
+                self.mem[s.dest.buf.name][self.addrs(s.dest.buf, s.dest.index, 1, env)] = v
             elif isinstance(s, Epilogue):
                 self.epilogue(tuple(int(self.ev(i, env)) for i in s.index), self.ev(s.value, env))
 
 
-def run_func(f: Func, arrays: dict[str, np.ndarray], epilogue=None, inputs=None) -> None:
+def run_func(f: Func, arrays: dict[str, np.ndarray], epilogue=None, inputs=None, producer=None) -> None:
     """Interpret ``f`` on flat numpy arrays (one per parameter, by name, at least ``layout.span`` long),
     updating them in place; workspace is allocated here. ``epilogue(index, value)`` receives the Epilogue
-    statements' elements; ``inputs[k]`` gives the opaque input ``k`` (``In``): an array indexed by the
+    statements' elements; ``producer(index, value)`` returns what a producer's epilogue stores (default: the
+    value); ``inputs[k]`` gives the opaque input ``k`` (``In``): an array indexed by the
     element's index, or a function of it. Float arithmetic follows C (inf and NaN without warnings)."""
     mem = dict(arrays)
     for b in f.workspace:
         mem[b.name] = np.full(b.layout.span, np.nan, dtype=b.dtype)
     with np.errstate(all="ignore"):
-        _Interp(mem, epilogue or (lambda idx, v: None), inputs or {}).run(f.body, {})
+        _Interp(mem, epilogue or (lambda idx, v: None), inputs or {}, producer or (lambda idx, v: v)).run(f.body, {})
 
 
 # ---------------------------------------------------------------------------------------- transformations
@@ -969,7 +984,8 @@ def subst_stmts(body: Sequence[Stmt], var: str, new: Expr) -> tuple[Stmt, ...]:
         elif isinstance(s, Micro):
             out.append(Micro(s.name, tuple(_subst(a, var, new) for a in s.args)))
         elif isinstance(s, Epilogue):
-            out.append(Epilogue(tuple(_subst(i, var, new) for i in s.index), _subst(s.value, var, new)))
+            dest = _subst(s.dest, var, new) if s.dest is not None else None
+            out.append(Epilogue(tuple(_subst(i, var, new) for i in s.index), _subst(s.value, var, new), dest))
         else:
             out.append(s)
     return tuple(out)

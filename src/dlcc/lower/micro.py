@@ -68,7 +68,8 @@ import numpy as np
 from dlcc.lower.lir import MICRO, MicroKernel
 
 __all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSpec", "attn_micro", "attn_reference",
-           "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmr_micro", "gemmt_micro", "im2col_micro",
+           "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro", "gemmr_micro", "gemmt_micro",
+           "im2col_micro",
            "nchwc_micro", "wgi_micro", "wgo_micro"]
 
 
@@ -323,10 +324,48 @@ WINO_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 /
 WINO_AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], np.float64)
 
 
+def gemmq_micro(mr: int, nr: int, lda: int, lanes: int) -> str:
+    """The name of the mr x nr GEMM tile reading A in place, column-major (k at stride ``lda``: a 1x1 convolution's
+    NCHW input with pixels as rows), that stores each vector of ``lanes`` columns of its tile ``ldq`` apart (the
+    blocks of channels of a channel-blocked layout), registering its contract."""
+    name = f"gemmq_{mr}x{nr}_{lda}"
+    if name in MICRO:
+        return name
+    nv = nr // lanes
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        kc = max(s["kc"], 1)
+        return {"a": (kc, lda, mr), "b": (1, 0, kc * nr), "c": (nv, s["ldq"], (mr - 1) * s["ldc"] + lanes)}
+
+    def reference(arrays, offsets, s) -> None:
+        kc, ldc, ldq = s["kc"], s["ldc"], s["ldq"]
+        a, ao = arrays["a"], offsets["a"]
+        a = np.stack([a[ao + k * lda:ao + k * lda + mr] for k in range(kc)]).astype(np.float64)
+        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
+        prod = a.T @ b  # [mr, nr]
+        c, o = arrays["c"], offsets["c"]
+        for q in range(nv):
+            for r in range(mr):
+                at = o + q * ldq + r * ldc
+                c[at:at + lanes] = prod[r, q * lanes:(q + 1) * lanes].astype(c.dtype)
+
+    MICRO[name] = MicroKernel(
+        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("ldq", "int")),
+        f"c[(j/{lanes})*ldq + r*ldc + j%{lanes}] = sum_k a[k*{lda} + r] * b[k*{nr} + j], r < {mr}, j < {nr}",
+        footprint, reference)
+    return name
+
+
 def gemmr_micro(mr: int, nr: int, lda: int) -> str:
     """The name of the mr x nr GEMM tile reading A in place, row-major (row stride ``lda``), registering its
     contract."""
     return _gemm_contract(mr, nr, transposed=False, lda=lda)
+
+
+def gemmc_micro(mr: int, nr: int, lda: int) -> str:
+    """The name of the mr x nr GEMM tile reading A in place, column-major (the mr rows of a k consecutive, k at
+    stride ``lda``: a 1x1 convolution's NCHW input with pixels as rows), registering its contract."""
+    return _gemm_contract(mr, nr, transposed=False, lda=lda, colmajor=True)
 
 def wgi_micro(cbi: int, xrow: int, ldv: int) -> str:
     """The name of the Winograd input transform of one tile (``cbi`` channels), registering its contract."""

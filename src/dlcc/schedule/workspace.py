@@ -4,7 +4,8 @@ What goes in: a kernel-IR ``Program``, the ``Target`` and the thread count. What
 program where each template step that needs scratch owns a ``temp`` buffer of that size (``Step.workspace``:
 a packed GEMM's panels (MatMul/Gemm with a weight B, group-1 2-D convolutions with a weight), the blocked
 direct convolution's channel-blocked input, the channel-blocked depthwise convolution's repacked block per
-thread (``schedule.dwconv``), the row kernel's staged input (every other Conv, and ConvTranspose:
+thread (``schedule.dwconv``), a fused 1x1 -> depthwise pair's band of blocks per thread (``schedule.pwdw``), the
+row kernel's staged input (every other Conv, and ConvTranspose:
 ``schedule.convrows``), dlcc::Attention's per-thread K, V and probability
 rows (``schedule.attention``)), written by its kernel; the memory planner then
 places it in the arena with everything else, and codegen hands it to the template.
@@ -36,6 +37,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_wconst,
 )
 from dlcc.schedule.pads import conv_pads, node_attr
+from dlcc.schedule.pwdw import fused_plan
 from dlcc.schedule.target import Target
 from dlcc.schedule.winograd import plan_winograd, use_winograd
 
@@ -193,7 +195,9 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
         for step in k.steps:
             if step.kind != "template" or step.anchor is None or step.workspace is not None:
                 continue
-            nbytes = node_workspace_bytes(step.anchor, lambda v: _is_const(p, v), target, threads)
+            fused = fused_plan(p, step, target, threads)
+            nbytes = 4 * fused.workspace_floats if fused is not None else \
+                node_workspace_bytes(step.anchor, lambda v: _is_const(p, v), target, threads)
             if nbytes:
                 bid = max(p.buffers) + 1
                 p.buffers[bid] = Buffer(bid, "temp", "float32", (nbytes // 4,), "workspace")

@@ -34,7 +34,18 @@ from dlcc.codegen.lir_c import print_c
 from dlcc.lower.lir import Func, print_func
 from dlcc.schedule.target import Target, get_target
 
-__all__ = ["NEEDS_BUFFERS", "TEMPLATES", "TemplateCall", "register"]
+__all__ = ["NEEDS_BUFFERS", "TEMPLATES", "Producer", "TemplateCall", "register"]
+
+
+@dataclass
+class Producer:
+    """A template step computed inside another one (``kir.Step.producer``: a 1x1 Conv inside the depthwise Conv
+    that reads it): its node, operands, and ``chain(index, value)``, the C expression of its result at element
+    ``index`` given its anchor's value there (bias and fused elementwise ops applied; ``identity``: neither)."""
+    node: ir.Node
+    inputs: list[Operand | None]
+    chain: Callable[[Sequence[str], str], str]
+    identity: bool
 
 
 @dataclass
@@ -53,6 +64,7 @@ class TemplateCall:
     workspace: TensorRef | None = None  # the scratch the schedule stage declared for this step (float32, 1-D)
     micro: set[str] = field(default_factory=set)  # micro-kernels the C calls (their bodies go in the prelude)
     loop_ir: list[str] = field(default_factory=list)  # listings of the loop IR the template printed (dumps)
+    producer: Producer | None = None  # a producer computed inside this template, whose result it reads
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);
@@ -64,9 +76,10 @@ class TemplateCall:
     def emit(self, f: Func, store: Store, ptrs: dict[str, str] | None = None,
              inputs: dict[int, Callable[[Sequence[str]], str]] | None = None) -> str:
         """The C of loop-IR function ``f`` (``lir_c.print_c``; ``ptrs``: where its workspace is; ``inputs[k]``: the C
-        of element ``idx`` of its opaque input ``k``, e.g. an ``Operand.at``), its micro-kernels added to ``micro``
-        and its listing to ``loop_ir``."""
-        text, micro = print_c(f, ptrs or {}, store, self.target.lanes, inputs)
+        of element ``idx`` of its opaque input ``k``, e.g. an ``Operand.at``; a producer's epilogues through its
+        chain), its micro-kernels added to ``micro`` and its listing to ``loop_ir``."""
+        chain = self.producer.chain if self.producer is not None else None
+        text, micro = print_c(f, ptrs or {}, store, self.target.lanes, inputs, chain)
         self.micro.update(micro)
         self.loop_ir.append(print_func(f))
         return text

@@ -46,6 +46,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_wconst,
 )
 from dlcc.schedule.pads import attr_ints, conv_pads, convt_pads
+from dlcc.schedule.pwdw import PwDwPlan, pack_pw, plan_pwdw, pwdw_func
 from dlcc.schedule.winograd import WinoPlan, pack_winograd, plan_winograd, use_winograd, wino_func
 
 
@@ -109,6 +110,8 @@ def _common(call: TemplateCall):
 def conv(call: TemplateCall) -> str:
     if math.prod(call.out_shape) == 0:
         return ""  # empty output: nothing to compute
+    if call.producer is not None:
+        return _pointwise_depthwise(call)
     xref, w, bref, r, ks, group, strides, dils = _common(call)
     N, C, *ins = xref.shape
     M, Cg = w.shape[:2]
@@ -323,6 +326,59 @@ def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], s
     verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue))
 
 
+def _pointwise_depthwise(call: TemplateCall) -> str:
+    """A 1x1 Conv (``call.producer``) and the depthwise Conv that reads its result, as one loop IR
+    (``schedule.pwdw``): both weights packed at compile time; the 1x1 Conv's bias and chain applied to each row it
+    computes in the workspace, the depthwise Conv's bias and epilogue to each output."""
+    prod = call.producer
+    px, pw_ = prod.inputs[0], prod.inputs[1] if len(prod.inputs) > 1 else None
+    w = call.inputs[1] if len(call.inputs) > 1 else None
+    if px is None or px.ref is None or pw_ is None or pw_.const is None or w is None or w.const is None:
+        raise TemplateError("Conv: a fused 1x1 -> depthwise pair needs its input as a buffer and constant weights")
+    xref = px.ref
+    if xref.strides[-1] != 1 or len(xref.shape) != 4:
+        raise TemplateError("Conv: a fused 1x1 -> depthwise pair reads a 4-D input with unit column stride")
+    bref = _buffer(call, call.inputs[2], "B") if len(call.inputs) > 2 and call.inputs[2] is not None else None
+    N, K, H, W = xref.shape
+    C = int(w.shape[0])
+    ks, outs = [int(d) for d in w.shape[2:]], [int(d) for d in call.out_shape[2:]]
+    strides, dils = _ints(call, "strides", 2, 1), _ints(call, "dilations", 2, 1)
+    pb, _ = spatial_pads(call, [H, W], outs, ks, strides, dils)
+    g = ConvGeometry(C, H, W, outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
+    plan = plan_pwdw(g, K, N, call.target, call.threads)
+    ws, c = call.workspace, call.scratch
+    if plan is None or ws is None or plan.workspace_floats > ws.size or not c.contiguous:
+        raise TemplateError("Conv: internal: the fused 1x1 -> depthwise pair has no plan or workspace")
+    names = call.names
+    wpp = call.packed(pack_pw(np.asarray(pw_.const, dtype=np.float32).reshape(C, K), plan))
+    wdp = call.packed(pack_dwc(np.asarray(w.const, dtype=np.float32).reshape(C, -1), plan))
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    wpb = Buf(wpp.ptr, "float32", Layout.strided(wpp.shape))
+    wdb = Buf(wdp.ptr, "float32", Layout.strided(wdp.shape))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, C, g.oh * g.ow), None, c.offset))
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    epilogue = not (call.direct and bref is None)
+    f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity, epilogue, fresh=names)
+    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity, epilogue, ws.size)
+
+    def store(idx, v):
+        return _pixel_store(call, bref, outs, idx, v)
+
+    return call.emit(f, store, {wsb.name: ws.base()})
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], producer_epilogue: bool,
+                      epilogue: bool, ws_floats: int) -> None:
+    """verify_func on the fused loop IR of ``plan`` (the same for every pair with these shapes)."""
+    x = Buf("x", "float32", Layout.strided(shape, strides))
+    wpb = Buf("wpw", "float32", Layout.strided((plan.ncb * plan.k * plan.cbi,)))
+    wdb = Buf("wdw", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue))
+
+
 def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None, g: ConvGeometry) -> str:
     """A depthwise convolution (one channel per group) in the loop IR (``schedule.dwconv``): channel-blocked
     where the target's vectors hold several channels and the workspace has room, else per channel the plane
@@ -430,6 +486,8 @@ def _unflat(p: str, shape: Sequence[int]) -> list[str]:
 def conv_transpose(call: TemplateCall) -> str:
     if math.prod(call.out_shape) == 0:
         return ""  # empty output: nothing to compute
+    if call.producer is not None:
+        return _pointwise_depthwise(call)
     xref, w, bref, r, ks, group, strides, dils = _common(call)
     N, C, *ins = xref.shape
     Cw, Mg = w.shape[:2]
