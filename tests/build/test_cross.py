@@ -47,10 +47,31 @@ def _winograd_conv() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _expand_depthwise() -> onnx.ModelProto:
+    """A 1x1 convolution (8 -> 28 channels, bias and Clip) whose result only a 3x3 depthwise convolution reads:
+    fused into one kernel on NEON (``gemmq_`` tiles of 3 vectors, 7 blocks of 4 channels: a partial group)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(5)
+    arrays = {"we": rng.standard_normal((28, 8, 1, 1)) / 3, "be": rng.standard_normal(28),
+              "wd": rng.standard_normal((28, 1, 3, 3)) / 3, "lo": np.array(0.0), "hi": np.array(6.0)}
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()]
+    nodes = [helper.make_node("Conv", ["x", "we", "be"], ["e"]), helper.make_node("Clip", ["e", "lo", "hi"], ["c"]),
+             helper.make_node("Conv", ["c", "wd"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=28),
+             helper.make_node("Relu", ["d"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 13])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 28, 12, 13])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+BUILT = {"winograd": _winograd_conv, "expand_depthwise": _expand_depthwise}
+
+
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-@pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder", "winograd"])
+@pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder", "winograd",
+                                  "expand_depthwise"])
 def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -> None:
-    model = _winograd_conv() if name == "winograd" else randomize(KIT_MODELS[name](), seed=0)
+    model = BUILT[name]() if name in BUILT else randomize(KIT_MODELS[name](), seed=0)
     src = tmp_path / f"{name}.onnx"
     onnx.save(model, src)
     out = tmp_path / "b"
@@ -59,6 +80,7 @@ def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -
     kernels = "".join(p.read_text() for p in out.glob("kernels_*.c"))
     assert "vector_size(16)" in kernels
     assert ("dlcc_uk_wgi_4_" in kernels) == (name == "winograd")
+    assert ("dlcc_uk_gemmq_" in kernels) == (name == "expand_depthwise")
     manifest = json.loads((out / "model.json").read_text())
     assert manifest["target"] == "aarch64"
     feeds = random_inputs(model, seed=1)
