@@ -38,6 +38,9 @@ CASES = [
     (1, 6, 20, 15, 15, 5, 1, 2, 1, {"band": 4, "threads": 2, "by_rows": True}),  # 5x5: four rows carried
     (1, 6, 20, 15, 15, 3, 1, 2, 2, {"band": 4}),  # dilated
     (1, 4, 20, 15, 15, 1, 2, 0, 1, {"band": 2}),  # 1x1 taps at stride 2: nothing carried
+    (1, 5, 20, 7, 7, 3, 1, 1, 1, {}),  # rows narrower than the register tile: the flat form
+    (2, 5, 40, 7, 7, 5, 1, 2, 1, {"threads": 2}),  # (two images, 5x5, threads over groups, a partial group)
+    (1, 5, 40, 9, 9, 3, 2, 1, 1, {}),  # (stride 2: the last input row is read by no tap)
 ]
 
 
@@ -59,7 +62,8 @@ def test_pwdw_loop_ir_matches_numpy(target, n, k, c, h, w, kh, s, pad, dil, over
     wpw, bias = rng.standard_normal((c, k)).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     wdw = rng.standard_normal((c, kh * kh)).astype(np.float32)
     wpb, wdb = pack_pw(wpw, p), pack_dwc(wdw, p)
-    f = pwdw_func(p, Buf("x", "float32", Layout.strided(x.shape)), Buf("wpw", "float32", Layout.strided(wpb.shape)),
+    xl = Layout.strided((n, k, h * w) if p.flat else x.shape)
+    f = pwdw_func(p, Buf("x", "float32", xl), Buf("wpw", "float32", Layout.strided(wpb.shape)),
                   Buf("wdw", "float32", Layout.strided(wdb.shape)),
                   Buf("c", "float32", Layout.strided((n, c, oh * oh))),
                   Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), True, True)
@@ -84,7 +88,9 @@ def test_plan_choices():
     def g(c, h, kh=3, s=1):
         return ConvGeometry(c, h, h, (h - 1) // s + 1, (h - 1) // s + 1, kh, kh, s, s, 1, 1, kh // 2, kh // 2)
 
-    assert plan_pwdw(g(960, 7), 160, 1, t) is None  # rows narrower than the register tile: not fused
+    assert plan_pwdw(g(960, 7), 160, 1, t).flat  # rows narrower than the register tile: along the plane
+    assert plan_pwdw(g(960, 7), 160, 1, t, rows_contiguous=False) is None  # (which needs contiguous rows)
+    assert not plan_pwdw(g(960, 14), 160, 1, t).flat
     scalar = dataclasses.replace(get_target("generic"), vector_bytes=4)
     assert plan_pwdw(g(96, 112, s=2), 16, 1, scalar) is None  # one channel per vector
     p = plan_pwdw(g(96, 112, s=2), 16, 1, t, 2)
@@ -161,6 +167,7 @@ def _fused(cm) -> list:
     (1, 24, 144, 28, 3, 1, "Clip", 1),
     (2, 20, 40, 17, 5, 1, "Silu", 2),  # two images, 5x5, a partial group of blocks, SiLU (EfficientNet)
     (1, 40, 240, 14, 5, 1, "Silu", 2),  # threads over groups
+    (1, 32, 160, 7, 3, 1, "Clip", 2),  # 7 x 7: the flat form
 ])
 def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     m, feeds = _block(n, k, c, h, h, kh, s, act)
@@ -171,7 +178,8 @@ def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
     art = cm.artifacts
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
-    # the expanded tensor has no buffer: the arena is below the unfused one's
+    # the expanded tensor has no buffer: the arena is below the unfused one's (the flat form's scratch holds it,
+    # as the unfused tensor did: a 7 x 7 plane's worth, beside the ring buffers)
     orig = pwdw.fuse_pointwise_depthwise
     try:
         pwdw.fuse_pointwise_depthwise = lambda *a, **kw: 0
@@ -179,7 +187,7 @@ def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     finally:
         pwdw.fuse_pointwise_depthwise = orig
     assert not _fused(plain) and len(plain.artifacts.program.kernels) == 3
-    assert art.memory.arena_bytes < plain.artifacts.memory.arena_bytes
+    assert art.memory.arena_bytes < plain.artifacts.memory.arena_bytes * (1.05 if h < 14 else 1.0)
     assert art.memory.arena_bytes <= 1.05 * art.memory.lower_bound + 64
 
 
@@ -192,15 +200,13 @@ def test_fused_block_every_target():
         assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
 
 
-def test_not_fused_where_the_expanded_tensor_is_read_again_or_rows_are_short():
+def test_not_fused_where_the_expanded_tensor_is_read_again():
     m, feeds = _block(extra_reader=True)  # the expand's activation is a graph output too
     cm = dlcc.compile(m, threads=1)
     assert not _fused(cm)
     got, ref = cm(feeds), dict(zip(["y", "ea"], _ort_all(m, feeds), strict=True))
     for name in ref:
         assert_close(got[name], ref[name], 1e-4, 1e-6)
-    m, _ = _block(h=7, w=7)  # 7-pixel rows: the unfused GEMM's tile wins
-    assert not _fused(dlcc.compile(m, threads=1))
 
 
 def _ort_all(m, feeds):

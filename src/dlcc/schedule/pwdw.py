@@ -19,6 +19,11 @@ band of output rows, per channel block of ``cbi`` channels (the target's vector)
    into a local channel-major band, then the depthwise convolution's fused epilogue along it.
 The band is the most rows whose blocks' buffers stay in half of L2 (the rows of one band are read back by the
 depthwise tiles while they are in cache, and the input rows of the band are read from cache by every block).
+Planes whose rows are narrower than the register tile (7 x 7: a 7-pixel tile, twice the loads per FMA of the
+unfused GEMM's, lost 0.18 -> 0.24 ms on EfficientNet-B0's 192 -> 1152 channels, Zen 5, 1 thread) take the flat
+form: one band, the 1x1 convolution along the whole plane (its input's rows contiguous) with pixel tiles outside
+and the thread's groups inside (a tile's inputs stay in L1 while the weight panels stream past, as in the
+unfused GEMM) into a per-thread scratch, then per group its epilogue moves the results into the buffers.
 """
 
 from __future__ import annotations
@@ -73,6 +78,8 @@ class PwDwPlan:
     band: int  # output rows per band
     threads: int
     by_rows: bool  # threads split the output rows (else the groups of channel blocks)
+    flat: bool = False  # rows narrower than the register tile: the 1x1 convolution runs along the whole plane
+    # (its input's rows contiguous) into a scratch per group, its epilogue moving the results into the buffers
 
     @property
     def ncb(self) -> int:
@@ -116,22 +123,31 @@ class PwDwPlan:
         return self.ncb if self.by_rows else -(-self.groups // self.threads) * self.nv
 
     @property
+    def scratch_floats(self) -> int:
+        """Per thread, the flat form's 1x1 results before their epilogue: every block the thread runs x the plane."""
+        return -(-self.groups // self.threads) * self.nv * self.g.h * self.g.w * self.cbi if self.flat else 0
+
+    @property
     def workspace_floats(self) -> int:
-        return self.threads * self.blocks_per_thread * self.hb * self.wp * self.cbi
+        return self.threads * (self.blocks_per_thread * self.hb * self.wp * self.cbi + self.scratch_floats)
 
 
-def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int = 1) -> PwDwPlan | None:
+def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int = 1,
+              rows_contiguous: bool = True) -> PwDwPlan | None:
     """The fused plan, or None where it does not apply: one channel per vector (scalar targets), or input rows
-    narrower than the GEMM's register tile (7 x 7 planes: a 7-pixel tile of the 1x1 convolution, twice the loads
-    per FMA of the unfused GEMM's, lost more than the fusion saved where the expanded tensor stays in L2 anyway:
-    EfficientNet-B0's 192 -> 1152 channels at 7 x 7, 0.185 -> 0.238 ms, Zen 5, 1 thread)."""
+    narrower than the GEMM's register tile whose input rows are not contiguous or whose plane is not one band
+    (the flat form's condition: row tiles of 7 pixels, twice the loads per FMA of the unfused GEMM's, lost more
+    than the fusion saved: EfficientNet-B0's 192 -> 1152 channels at 7 x 7, 0.185 -> 0.238 ms, Zen 5, 1 thread)."""
     cbi = target.lanes
     nr, mr_max = register_tile(target)  # (the GEMM's register tile: nr / cbi blocks of channels x mr pixels)
-    if cbi < 4 or g.ci < 1 or k < 1 or g.w < mr_max:
+    if cbi < 4 or g.ci < 1 or k < 1:
+        return None
+    flat = g.w < mr_max
+    if flat and not rows_contiguous:
         return None
     px = max(1, min(14, g.ow, target.vector_registers - 4))
     nv = nr // cbi
-    mr = tile_rows(g.w, mr_max)
+    mr = tile_rows(g.h * g.w if flat else g.w, mr_max)
     ncb = -(-g.ci // cbi)
     groups = -(-ncb // nv)
     # threads: split the groups of blocks (the busiest thread may run one group more), or the output rows (each
@@ -145,6 +161,7 @@ def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int 
     if t > 1:
         rows_t = -(-g.oh // t) * g.sh
         by_rows = (rows_t + max(0, taps_h - g.sh)) / rows_t < -(-groups // t) * t / groups and g.oh >= 2 * t
+        by_rows = by_rows and not flat  # (the flat form runs over whole planes)
         if not by_rows and groups < t:
             t = 1
     rows = -(-g.oh // t) if by_rows else g.oh
@@ -152,7 +169,9 @@ def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int 
     wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
     one = 4 * nv * ((rows - 1) * g.sh + taps_h) * wp * cbi <= target.l2_bytes // 2
     if one and 4 * cbi * rows * g.ow <= PLANE_BYTES:
-        return PwDwPlan(g, k, batch, cbi, px, mr, nv, rows, t, by_rows)  # one band: one group's buffers
+        return PwDwPlan(g, k, batch, cbi, px, mr, nv, rows, t, by_rows, flat)  # one band: one group's buffers
+    if flat:
+        return None
     least = max(1, -(-max(0, taps_h - g.sh) // g.sh))  # the carried rows never overlap their new place
     best = least
     for band in range(least, rows + 1):
@@ -185,7 +204,8 @@ def _all(*conds: Expr) -> Expr:
 def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer_epilogue: bool, epilogue: bool,
               name: str = "pwdw", fresh: Callable[[str], str] = str) -> Func:
     """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps Wdw[ch, tap] * e(sum_k Wpw[ch, k] * x[b, k, iy, ix])``
-    following ``p`` (module docstring): ``x`` (N, K, H, W) with unit column stride, ``wpw`` packed by ``pack_pw``
+    following ``p`` (module docstring): ``x`` (N, K, H, W) with unit column stride (flat plans: (N, K, H*W) with
+    unit pixel stride), ``wpw`` packed by ``pack_pw``
     (1-D), ``wdw`` by ``schedule.dwconv.pack_dwc``, ``c`` (N, C, OH*OW) with unit pixel stride, ``ws`` the
     workspace. ``e``: the pointwise convolution's epilogue (``Epilogue`` with a destination over each computed
     row, index (b, ch, iy, ix)) when ``producer_epilogue``, else none. Without ``epilogue`` the local tiles are
@@ -199,7 +219,7 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
     r_lo, r_hi = share(tv, g.oh, T) if p.by_rows else (Const(0), Const(g.oh))
     g0, g1 = share(tv, p.groups, T) if not p.by_rows else (Const(0), Const(p.groups))
     cb = simplify(cg * nv + jb)  # the block
-    tbase = simplify(tv * (p.blocks_per_thread * blk_floats))
+    tbase = simplify(tv * (p.blocks_per_thread * blk_floats + p.scratch_floats))  # (the flat form's scratch last)
     if p.one_band:  # one group's buffers, reused by the next group
         base, gbase = simplify(tbase + jb * blk_floats), tbase
     else:
@@ -249,8 +269,39 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
         at = Load(ws, (simplify(rb + (xx + g.pw) * cbi + ln),))
         inside += (For(jb, Const(0), nblk, (For(xx, Const(0), Const(wc), (For(ln, Const(0), nci, (
             Epilogue((b, simplify(cb * cbi + ln), iy, xx), at, at),), "vectorized"),)),)),)
-    fill = For(lr, first, nrows, (If(_all(Bin("<=", Const(0), iy), Bin("<", iy, Const(g.h))), inside,
-                                     zero(0, row)),))
+    fill: tuple[Stmt, ...] = (For(lr, first, nrows, (If(_all(Bin("<=", Const(0), iy), Bin("<", iy, Const(g.h))),
+                                                         inside, zero(0, row)),)),)
+    pre: tuple[Stmt, ...] = ()
+    if p.flat:
+        # the 1x1 convolution along the whole plane, pixel tiles outside and the thread's groups inside (each tile's
+        # inputs stay in L1 while the weight panels stream past, as in the unfused GEMM), into the scratch; then
+        # per group, the ring as above and its epilogue moving the results into the blocks' buffers
+        hw = g.h * g.w
+        sb = simplify(tbase + p.blocks_per_thread * blk_floats)
+        cq = Var(fresh("cq"))
+
+        def flat_tile(q0: Expr, mr: int) -> Stmt:
+            def call(blocks: int) -> Stmt:
+                return Micro(gemmq_micro(mr, blocks * cbi, xc, cbi), (
+                    Const(p.k), Ptr(x, (b, Const(0), q0)), Ptr(wpw, (simplify(cq * (p.k * nv * cbi)),)),
+                    Ptr(ws, (simplify(sb + (cq - g0) * (nv * hw * cbi) + q0 * cbi),)), Const(cbi), Const(hw * cbi)))
+            body = call(nv) if last_nv == nv else If(Bin("<", cq, Const(p.groups - 1)), (call(nv),), (call(last_nv),))
+            return For(cq, g0, g1, (body,))
+
+        nfull, tail = divmod(hw, p.mr)
+        if nfull:
+            pre += (For(xt, Const(0), Const(nfull), (flat_tile(simplify(xt * p.mr), p.mr),)),)
+        if tail:
+            pre += (flat_tile(Const(nfull * p.mr), tail),)
+        ring = zero(0, g.pw * cbi) + zero((g.pw + wc) * cbi, row)
+        fill = (For(lr, Const(0), nrows, (If(_all(Bin("<=", Const(0), iy), Bin("<", iy, Const(g.h))), ring,
+                                             zero(0, row)),)),)
+        yv = Var(fresh("y"))
+        src = Load(ws, (simplify(sb + (cb - g0 * nv) * (hw * cbi) + (yv * g.w + xx) * cbi + ln),))
+        to = Load(ws, (simplify(base + (yv + g.ph) * row + (xx + g.pw) * cbi + ln),))
+        fill += (For(jb, Const(0), nblk, (For(yv, Const(0), Const(min(g.h, p.hb - g.ph)), (
+            For(xx, Const(0), Const(wc), (For(ln, Const(0), nci, (
+                Epilogue((b, simplify(cb * cbi + ln), yv, xx), src, to),), "vectorized"),)),)),)),)
 
     # 2. per block of the group: the depthwise tiles over the band's rows, then its epilogue along the band
     span = p.band * g.ow
@@ -273,8 +324,8 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
     finish = For(o, Const(0), nci, (For(q, Const(0), simplify((oy1 - oy0) * g.ow), (store,), "vectorized"),))
     dws = For(jb, Const(0), nblk, (Alloc(acc, (For(oy, oy0, oy1, out_row), finish)),))
     bands = simplify((r_hi - r_lo + (p.band - 1)) // p.band)
-    body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(ob, Const(0), bands, (
-        For(cg, g0, g1, (*carry, fill, dws)),)),)),)
+    band_body = (*pre, For(cg, g0, g1, (*carry, *fill, dws)))
+    body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(ob, Const(0), bands, band_body),)),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (x, wpw, wdw, c), (Alloc(ws, body),), (ws,))
@@ -345,9 +396,11 @@ def fused_plan(p: Program, step: Step, target: Target, threads: int) -> PwDwPlan
     if step.producer is None or step.anchor is None:
         return None
     geo, pw = depthwise_geometry(p, step.anchor), pointwise_input(p, step.producer.anchor)
-    if geo is None or pw is None:
+    x = step.producer.anchor.inputs[0]
+    if geo is None or pw is None or x not in p.value_buffer:
         return None
-    return plan_pwdw(geo[0], pw[0], geo[1], target, threads)
+    strides = p.window(p.value_buffer[x])[2]
+    return plan_pwdw(geo[0], pw[0], geo[1], target, threads, strides[2] == geo[0].w)
 
 
 def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:

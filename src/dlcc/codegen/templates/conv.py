@@ -345,14 +345,14 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     strides, dils = _ints(call, "strides", 2, 1), _ints(call, "dilations", 2, 1)
     pb, _ = spatial_pads(call, [H, W], outs, ks, strides, dils)
     g = ConvGeometry(C, H, W, outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
-    plan = plan_pwdw(g, K, N, call.target, call.threads)
+    plan = plan_pwdw(g, K, N, call.target, call.threads, xref.strides[2] == W)
     ws, c = call.workspace, call.scratch
     if plan is None or ws is None or plan.workspace_floats > ws.size or not c.contiguous:
         raise TemplateError("Conv: internal: the fused 1x1 -> depthwise pair has no plan or workspace")
     names = call.names
     wpp = call.packed(pack_pw(np.asarray(pw_.const, dtype=np.float32).reshape(C, K), plan))
     wdp = call.packed(pack_dwc(np.asarray(w.const, dtype=np.float32).reshape(C, -1), plan))
-    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    x = Buf(xref.ptr, "float32", _pwdw_input(plan, xref.shape, xref.strides, xref.offset))
     wpb = Buf(wpp.ptr, "float32", Layout.strided(wpp.shape))
     wdb = Buf(wdp.ptr, "float32", Layout.strided(wdp.shape))
     cb = Buf(c.ptr, "float32", Layout.strided((N, C, g.oh * g.ow), None, c.offset))
@@ -367,11 +367,18 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     return call.emit(f, store, {wsb.name: ws.base()})
 
 
+def _pwdw_input(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> Layout:
+    """The layout the fused loop IR reads its input through: (N, K, H, W), or (N, K, H*W) for a flat plan."""
+    if plan.flat:
+        return Layout.strided((shape[0], shape[1], shape[2] * shape[3]), (strides[0], strides[1], 1), offset)
+    return Layout.strided(shape, strides, offset)
+
+
 @functools.lru_cache(maxsize=256)
 def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], producer_epilogue: bool,
                       epilogue: bool, ws_floats: int) -> None:
     """verify_func on the fused loop IR of ``plan`` (the same for every pair with these shapes)."""
-    x = Buf("x", "float32", Layout.strided(shape, strides))
+    x = Buf("x", "float32", _pwdw_input(plan, shape, strides))
     wpb = Buf("wpw", "float32", Layout.strided((plan.ncb * plan.k * plan.cbi,)))
     wdb = Buf("wdw", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
