@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ class _KernelGen:
                 return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
 
             par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
-            f = _map(tuple(dst.shape), dst.dtype, par, "loop", names)
+            f = _map(tuple(dst.shape), dst.dtype, par, "loop", names, _transpose_tile(_inlined(v, gen), dst.shape))
             step.loop_ir = print_func(f)
             return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(_emit_map(f, dst.at, element))}\n}}"
         return self.template(step, gen, names)
@@ -249,14 +250,52 @@ def _emit_map(f: Func, put: Callable[[Sequence[str]], str], element: Callable[[S
     return text
 
 
-def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Names) -> Func:
-    _verify_map_once(shape, dtype, threads)
-    return map_func(shape, dtype, threads, name, names)
+def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Names,
+         tile: tuple[int, int, bool] | None = None) -> Func:
+    _verify_map_once(shape, dtype, threads, tile)
+    return map_func(shape, dtype, threads, name, names, tile)
+
+
+TRANSPOSE_TILE = 16  # elements per side of a transposing loop step's tiles (16 floats: one cache line)
+
+
+def _inlined(v: ir.Value, gen: ExprGen) -> list[ir.Node]:
+    """The nodes a loop step's element expression of ``v`` computes (its producer, and theirs up to buffers)."""
+    out: list[ir.Node] = []
+    todo, seen = [v], set()
+    while todo:
+        n = todo.pop().producer()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        out.append(n)
+        todo += [i for i in n.inputs if i is not None and i not in gen.buffers and gen.const_of(i) is None]
+    return out
+
+
+def _transpose_tile(nodes: list[ir.Node], shape: tuple[int, ...]) -> tuple[int, int, bool] | None:
+    """(destination axis, block, reads inner) to tile a loop step by when it computes (``nodes``) one Transpose
+    and elementwise ops of its shape, the Transpose's input's last axis not the destination's last
+    (``schedule.elementwise``: innermost the loop whose other side moves by the smaller stride), else None."""
+    tr = [n for n in nodes if n.op_type == "Transpose"]
+    if len(tr) != 1 or tr[0].outputs[0].shape is None or tuple(value_shape(tr[0].outputs[0])) != tuple(shape):
+        return None
+    r = len(shape)
+    a = tr[0].attributes.get("perm")
+    perm = list(a.value) if a is not None else list(reversed(range(r)))
+    k = perm.index(r - 1) if len(perm) == r else r - 1
+    if k == r - 1 or shape[k] < TRANSPOSE_TILE // 2 or shape[-1] < TRANSPOSE_TILE // 2:
+        return None
+    src = value_shape(tr[0].inputs[0])
+    read_stride = math.prod(src[perm[-1] + 1:])  # of the source, along the destination's last axis
+    write_stride = math.prod(shape[k + 1:])  # of the destination, along the source's last axis
+    return k, TRANSPOSE_TILE, read_stride > write_stride
 
 
 @functools.lru_cache(maxsize=1024)
-def _verify_map_once(shape: tuple[int, ...], dtype: str, threads: int) -> None:
-    verify_func(map_func(shape, dtype, threads))
+def _verify_map_once(shape: tuple[int, ...], dtype: str, threads: int,
+                     tile: tuple[int, int, bool] | None = None) -> None:
+    verify_func(map_func(shape, dtype, threads, tile=tile))
 
 
 class _Weights:

@@ -7,24 +7,31 @@ the element the kernel's expression generator computes there (``dlcc.codegen.exp
 elementwise and injective ops inlined into one expression, or a plain load for a copy), the epilogue the
 store into the destination. Dims of one element get no loop. Threads: the first dim of more than one
 element is split into at most 4 x threads contiguous ranges (a parallel loop over the ranges), each range
-writing its own slice of the destination.
+writing its own slice of the destination. ``tile`` (a transposing step: the destination axis ``a`` that is the
+source's last, and the destination's last axis): those two loops blocked into ``block`` x ``block`` tiles, the
+tile loops innermost, so that reads along the source's rows and writes along the destination's rows both stay
+within a few cache lines; innermost the one whose other side moves by the smaller stride (``reads_inner``: along
+the source's last axis, the writes then a destination row apart). ConvNeXt's 56 x 56 x 96 NHWC -> NCHW:
+0.138 -> 0.047 ms (writes inner, reads 96 floats apart, not 3136); NCHW -> NHWC: 0.077 -> 0.073 (reads inner).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from dlcc.lower.lir import Const, Epilogue, Expr, For, Func, In, Stmt, Var
+from dlcc.lower.lir import Bin, Const, Epilogue, Expr, For, Func, In, Stmt, Var, simplify
 from dlcc.schedule.loops import nest, numbered, share
 
 __all__ = ["map_func"]
 
 
 def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "map",
-             fresh: Callable[[str], str] | None = None) -> Func:
+             fresh: Callable[[str], str] | None = None, tile: tuple[int, int, bool] | None = None) -> Func:
     """``epilogue[index] <- In(0, index)`` over ``shape`` (module docstring); ``threads`` > 1 splits the first
-    dim of more than one element."""
+    dim of more than one element; ``tile``: (axis, block, reads_inner), that axis and the last one blocked."""
     fresh = fresh or numbered()
+    if tile is not None:
+        return _tiled(shape, dtype, threads, name, fresh, *tile)
 
     def body(idx: list[Expr]) -> tuple[Stmt, ...]:
         return (Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)
@@ -38,3 +45,37 @@ def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "
     rest = nest(shape[lead + 1:], fresh, "i", lambda idx: body([*[Const(0)] * lead, i, *idx]))
     ranges = For(i, *share(t, n, parts), rest)
     return Func(name, (), (For(t, Const(0), Const(parts), (ranges,), "parallel"),))
+
+
+def _tiled(shape: tuple[int, ...], dtype: str, threads: int, name: str, fresh: Callable[[str], str], a: int,
+           block: int, reads_inner: bool) -> Func:
+    """``map_func`` with axis ``a`` and the last axis blocked (module docstring); threads over the first loop of
+    more than one iteration."""
+    last = len(shape) - 1
+    extents = [-(-n // block) if d in (a, last) else n for d, n in enumerate(shape)]  # the outer loops
+    outer: list[Expr] = [Var(fresh("o" if d in (a, last) else "i")) if e > 1 else Const(0)
+                         for d, e in enumerate(extents)]
+    ai, li = Var(fresh("ti")), Var(fresh("tj"))
+    idx = list(outer)
+    idx[a] = simplify(outer[a] * block + ai)
+    idx[last] = simplify(outer[last] * block + li)
+
+    def upto(d: int) -> Expr:
+        n = shape[d]
+        return Const(block) if n % block == 0 else simplify(Bin("min", Const(block), Const(n) - outer[d] * block))
+
+    (u, du), (w, dw) = ((li, last), (ai, a)) if reads_inner else ((ai, a), (li, last))
+    body: tuple[Stmt, ...] = (For(u, Const(0), upto(du), (For(w, Const(0), upto(dw), (
+        Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)),)),)
+    lead = next((d for d, e in enumerate(extents) if e > 1), None)
+    for d in reversed(range(len(shape))):
+        v = outer[d]
+        if not isinstance(v, Var):
+            continue
+        if threads > 1 and d == lead:
+            parts = min(extents[d], 4 * threads)
+            t = Var(fresh("t"))
+            body = (For(t, Const(0), Const(parts), (For(v, *share(t, extents[d], parts), body),), "parallel"),)
+        else:
+            body = (For(v, Const(0), Const(extents[d]), body),)
+    return Func(name, (), body)
