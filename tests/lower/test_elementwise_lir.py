@@ -11,6 +11,12 @@ from dlcc.schedule.elementwise import map_func
 @pytest.mark.parametrize("shape,threads", [((2, 3, 4), 1), ((1, 37, 5), 2), ((1, 1, 1), 2), ((300,), 2), ((), 1)])
 def test_map_func_hands_every_element_on_once(shape, threads):
     f = map_func(shape, "float32", threads)
+    _every_element_once(f, shape)
+    assert ("parallel" in print_func(f)) == (threads > 1 and np.prod(shape) > 1)
+
+
+def _every_element_once(f, shape):
+    """``f`` verifies, and hands each element of an array of ``shape`` to the epilogue once, unchanged."""
     verify_func(f)
     src = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     out = np.full(shape, np.nan, np.float32)
@@ -23,7 +29,6 @@ def test_map_func_hands_every_element_on_once(shape, threads):
     run_func(f, {}, epilogue, inputs={0: src})
     np.testing.assert_array_equal(out, src)
     assert len(seen) == len(set(seen)) == src.size
-    assert ("parallel" in print_func(f)) == (threads > 1 and src.size > 1)
 
 
 def test_map_func_takes_stored_element_types():
@@ -38,19 +43,7 @@ def test_map_func_takes_stored_element_types():
 ])
 def test_tiled_map_hands_every_element_on_once(shape, tile, threads):
     """A transposing step's nest (two axes blocked into tiles, module docstring of schedule.elementwise)."""
-    f = map_func(shape, "float32", threads, tile=tile)
-    verify_func(f)
-    src = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    out = np.full(shape, np.nan, np.float32)
-    seen = []
-
-    def epilogue(i, v):
-        seen.append(i)
-        out[tuple(i)] = v
-
-    run_func(f, {}, epilogue, inputs={0: src})
-    np.testing.assert_array_equal(out, src)
-    assert len(seen) == len(set(seen)) == src.size
+    _every_element_once(map_func(shape, "float32", threads, tile=tile), shape)
 
 
 @pytest.mark.parametrize("perm,shape", [((0, 2, 3, 1), (1, 40, 19, 23)), ((0, 3, 1, 2), (2, 19, 23, 40))])

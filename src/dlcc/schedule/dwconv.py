@@ -50,8 +50,8 @@ from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
-__all__ = ["DW_PAR_MIN_OUTPUTS", "POOL_BLOCKED_MAX_W", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "pack_dwc",
-           "plan_dwc"]
+__all__ = ["DW_PAR_MIN_OUTPUTS", "POOL_BLOCKED_MAX_W", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "dwc_rows",
+           "pack_dwc", "plan_dwc"]
 
 PLANE_BYTES = 48 * 1024  # a block's whole output plane up to this size: one epilogue loop over it
 # pools (MaxPool, AveragePool) over planes up to this wide take the channel-blocked form; wider ones the plane
@@ -160,7 +160,7 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     (each thread's repacked block). Without ``epilogue`` the local tiles are copied into ``c``. ``pool_max``:
     the maximum over the taps inside instead (MaxPool: the ring holds -inf; ``wp`` unread)."""
     g, T, cbi, S = p.g, p.threads, p.cbi, p.splits
-    t, b, cb, oy, xt, o, q = (Var(fresh(v)) for v in ("t", "b", "cb", "oy", "xt", "o", "q"))
+    t, b, cb = (Var(fresh(v)) for v in ("t", "b", "cb"))
     w = Var(fresh("w")) if S > 1 else cb
     tv: Expr = t if T > 1 else Const(0)
     xd = x.layout.dims
@@ -180,33 +180,19 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     band = p.band
     nb = -(-g.oh // band)
     ob = Var(fresh("ob"))
-    span = band * g.ow
-    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span + DCONV_PAD)), "stack")  # (tiles store vectors)
     oy0 = simplify(r_lo + ob * band) if S > 1 else ob * band if nb > 1 else Const(0)
 
-    def tile(x0: Expr, px: int) -> Stmt:
+    def at(oy: Expr, x0: Expr) -> Expr:
         # (with parts: the row within the part's repacked rows, from the band's row, which the loop bounds)
         rowoff = (oy - oy0 + ob * band) * (g.sh * p.wp * cbi) if S > 1 else oy * (g.sh * p.wp * cbi)
-        xoff = simplify(wsb + rowoff + x0 * (g.sw * cbi))
-        uk = dwc_micro(cbi, px, g.kh, g.kw, g.sw, g.dh, g.dw, p.wp * cbi, pool_max)
-        return Micro(uk, (Ptr(ws, (xoff,)), Ptr(wp, (blk, Const(0))),
-                          Ptr(acc, (Const(0), simplify((oy - oy0) * g.ow + x0))), Const(span + DCONV_PAD)))
+        return simplify(wsb + rowoff + x0 * (g.sw * cbi))
 
-    nfull, tail = divmod(g.ow, p.px)
-    row: tuple[Stmt, ...] = ()
-    if nfull:
-        row += (For(xt, Const(0), Const(nfull), (tile(simplify(xt * p.px), p.px),)),)
-    if tail:
-        row += (tile(Const(nfull * p.px), tail),)
     if S > 1:
         last = simplify(Bin("min", r_hi, oy0 + band))
     else:
         last = simplify(Bin("min", Const(g.oh), oy0 + band)) if g.oh % band else simplify(oy0 + band)
-    idx = (b, blk * cbi + o, simplify(oy0 * g.ow + q))
-    store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))
-    finish = For(o, Const(0), simplify(nci), (For(q, Const(0), simplify((last - oy0) * g.ow), (store,),
-                                                  "vectorized"),))
-    rows = Alloc(acc, (For(oy, oy0, last, row), finish))
+    rows = dwc_rows(g, cbi, p.px, p.wp * cbi, band, ws, at, Ptr(wp, (blk, Const(0))), c, b, blk * cbi, oy0, last,
+                    simplify(nci), epilogue, fresh, pool_max)
     if S > 1:
         nest: tuple[Stmt, ...] = (For(ob, Const(0), simplify((r_hi - r_lo + (band - 1)) // band), (rows,)),)
         w0, w1 = share(tv, p.ncb * S, T)
@@ -218,3 +204,32 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))
+
+
+def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, at: Callable[[Expr, Expr], Expr],
+             wptr: Ptr, c: Buf, b: Expr, ch0: Expr, oy0: Expr, oy1: Expr, nci: Expr, epilogue: bool,
+             fresh: Callable[[str], str] = str, pool_max: bool = False) -> Stmt:
+    """Output rows [oy0, oy1) (at most ``band``) of the channel block from channel ``ch0`` of image ``b``: ``dwc_``
+    register tiles of up to ``px`` pixels over the block in ``ws`` (``at(oy, x0)``: the element where output row
+    ``oy``'s tile from column ``x0`` reads; rows ``xrow`` apart), transposed into a local channel-major band, then
+    the fused epilogue along the band's rows as one loop (or, without ``epilogue``, a copy into ``c``), for the
+    block's ``nci`` channels. The channel-blocked depthwise convolution's and the fused 1x1 -> depthwise pair's."""
+    oy, xt, o, q = (Var(fresh(v)) for v in ("oy", "xt", "o", "q"))
+    span = band * g.ow
+    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span + DCONV_PAD)), "stack")  # (tiles store vectors)
+
+    def tile(x0: Expr, n: int) -> Stmt:
+        uk = dwc_micro(cbi, n, g.kh, g.kw, g.sw, g.dh, g.dw, xrow, pool_max)
+        return Micro(uk, (Ptr(ws, (at(oy, x0),)), wptr, Ptr(acc, (Const(0), simplify((oy - oy0) * g.ow + x0))),
+                          Const(span + DCONV_PAD)))
+
+    nfull, tail = divmod(g.ow, px)
+    row: tuple[Stmt, ...] = ()
+    if nfull:
+        row += (For(xt, Const(0), Const(nfull), (tile(simplify(xt * px), px),)),)
+    if tail:
+        row += (tile(Const(nfull * px), tail),)
+    idx = (b, ch0 + o, simplify(oy0 * g.ow + q))
+    store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))
+    finish = For(o, Const(0), nci, (For(q, Const(0), simplify((oy1 - oy0) * g.ow), (store,), "vectorized"),))
+    return Alloc(acc, (For(oy, oy0, oy1, row), finish))

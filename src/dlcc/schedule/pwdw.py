@@ -46,7 +46,6 @@ from dlcc.lower.lir import (
     For,
     Func,
     If,
-    Layout,
     Load,
     Micro,
     Ptr,
@@ -55,8 +54,8 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import DCONV_PAD, dwc_micro, gemmq_micro
-from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads
+from dlcc.lower.micro import gemmq_micro
+from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads, dwc_rows
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import share
 from dlcc.schedule.pads import conv_pads, node_attr
@@ -211,8 +210,8 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
     row, index (b, ch, iy, ix)) when ``producer_epilogue``, else none. Without ``epilogue`` the local tiles are
     copied into ``c``."""
     g, T, cbi, nv = p.g, p.threads, p.cbi, p.nv
-    t, b, ob, cg, jb, lr, xt, xx, ln, oy, o, q, zq = (Var(fresh(v)) for v in (
-        "t", "b", "ob", "cg", "jb", "lr", "xt", "xx", "l", "oy", "o", "q", "z"))
+    t, b, ob, cg, jb, lr, xt, xx, ln, zq = (Var(fresh(v)) for v in (
+        "t", "b", "ob", "cg", "jb", "lr", "xt", "xx", "l", "z"))
     tv: Expr = t if T > 1 else Const(0)
     row = p.wp * cbi  # floats per buffer row
     blk_floats = p.hb * row
@@ -304,25 +303,11 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
                 Epilogue((b, simplify(cb * cbi + ln), yv, xx), src, to),), "vectorized"),)),)),)),)
 
     # 2. per block of the group: the depthwise tiles over the band's rows, then its epilogue along the band
-    span = p.band * g.ow
-    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span + DCONV_PAD)), "stack")
+    def at(oy: Expr, x0: Expr) -> Expr:
+        return simplify(base + (oy - oy0) * (g.sh * row) + x0 * (g.sw * cbi))
 
-    def dw_tile(x0: Expr, px: int) -> Stmt:
-        xoff = simplify(base + (oy - oy0) * (g.sh * row) + x0 * (g.sw * cbi))
-        uk = dwc_micro(cbi, px, g.kh, g.kw, g.sw, g.dh, g.dw, row)
-        return Micro(uk, (Ptr(ws, (xoff,)), Ptr(wdw, (cb, Const(0))),
-                          Ptr(acc, (Const(0), simplify((oy - oy0) * g.ow + x0))), Const(span + DCONV_PAD)))
-
-    nfull, tail = divmod(g.ow, p.px)
-    out_row: tuple[Stmt, ...] = ()
-    if nfull:
-        out_row += (For(xt, Const(0), Const(nfull), (dw_tile(simplify(xt * p.px), p.px),)),)
-    if tail:
-        out_row += (dw_tile(Const(nfull * p.px), tail),)
-    idx = (b, simplify(cb * cbi + o), simplify(oy0 * g.ow + q))
-    store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))
-    finish = For(o, Const(0), nci, (For(q, Const(0), simplify((oy1 - oy0) * g.ow), (store,), "vectorized"),))
-    dws = For(jb, Const(0), nblk, (Alloc(acc, (For(oy, oy0, oy1, out_row), finish)),))
+    dws = For(jb, Const(0), nblk, (dwc_rows(g, cbi, p.px, row, p.band, ws, at, Ptr(wdw, (cb, Const(0))), c, b,
+                                            cb * cbi, oy0, oy1, nci, epilogue, fresh),))
     bands = simplify((r_hi - r_lo + (p.band - 1)) // p.band)
     band_body = (*pre, For(cg, g0, g1, (*carry, *fill, dws)))
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(ob, Const(0), bands, band_body),)),)
