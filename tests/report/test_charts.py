@@ -60,3 +60,11 @@ def test_degenerate_inputs() -> None:
         section = compiled_section(fig)
         assert section.count('class="kbar"') == len(fig.rows)
         assert "nan" not in section.lower().replace("nano", "")
+
+
+def test_the_section_says_how_many_kernels_the_schedule_merged() -> None:
+    fig = _figures(4)
+    assert "fewer than the fusion plan" not in compiled_section(fig)
+    fig.merged = 2
+    assert "2 1x1 convolutions run inside the depthwise kernel that reads them, so there are 2 kernels fewer" \
+        in compiled_section(fig)

@@ -55,6 +55,7 @@ class CompiledFigures:
     top: list[int]  # per kernel: end of the highest live buffer
     arena_bytes: int
     lower_bound: int
+    merged: int = 0  # 1x1 convolutions run inside the depthwise kernel that reads them: kernels fewer than planned
 
 
 def _esc(text: object) -> str:
@@ -212,6 +213,10 @@ def compiled_section(fig: CompiledFigures) -> str:
     summary = (f"{len(fig.rows)} kernels, {_ms(total)} in all (sum of each kernel's best of {fig.runs} profiled "
                f"runs)" + (f", {known / 1e6:.1f} MFLOP ({known / total / 1e9:.1f} GFLOP/s)"
                            if known and total > 0 else "") + f"; peak: {peak}.")
+    if fig.merged:
+        summary += (f" {fig.merged} 1x1 convolution{'s' * (fig.merged != 1)} run inside the depthwise kernel that "
+                    f"reads {'them' if fig.merged != 1 else 'it'}, so there are {fig.merged} kernels "
+                    "fewer than the fusion plan's.")
     return "\n".join([
         "<h2>Time per kernel</h2>",
         f"<p>{_esc(summary)} Bars in call order; hover a bar for FLOPs and bytes.</p>",
@@ -233,4 +238,5 @@ def compiled_figures(compiled, seconds: Sequence[float], runs: int, peak_gflops:
     live, top = arena_occupancy(art.program, art.memory)
     return CompiledFigures(profile_rows(compiled.info["per_kernel"], list(seconds)), runs, peak_gflops,
                            int(compiled.info.get("threads", 1)), live, top, art.memory.arena_bytes,
-                           art.memory.lower_bound)
+                           art.memory.lower_bound,
+                           sum(s.producer is not None for k in art.program.kernels for s in k.steps))
