@@ -105,6 +105,12 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
             out.append(f"{{ const float x{u}_{r} = {at}; {fmas} }}")  # (scalar x vector: a broadcast load)
         return out
 
+    a_step = lda if split else mr if lda is None else None  # (gemmr_ indexes its rows by k instead)
+
+    def advance(ks: int) -> list[str]:
+        """The pointers moved on by ``ks`` values of k."""
+        return ([f"a += {ks * a_step};"] if a_step is not None else []) + [f"b += {ks * nr};"]
+
     # a one-row tile (a product of one row: a classifier, a squeeze-and-excitation FC) is bound by the FMA
     # latency along k: k unrolled into independent partial sums, added at the end (one row only: a row's tile
     # height never depends on the thread count, so two threads still give the bits of one)
@@ -114,17 +120,14 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         lines.append(f"dlcc_vf {', '.join(a for st in sets[1:] for row in st for a in row)};")
         lines += [f"{a} = (dlcc_vf){{0}};" for st in sets[1:] for row in st for a in row]
         body = [line for u in range(unroll) for line in step(u, sets[u])]
-        body += ([f"a += {unroll * (lda if split else mr)};"] if lda is None or split else []) + \
-            [f"b += {unroll * nr};"]
+        body += advance(unroll)
         lines.append(f"int64_t k = 0;\nfor (; k + {unroll} <= kc; k += {unroll}) {{\n{indent(chr(10).join(body))}\n}}")
-        rest = step(0, acc) + ([f"a += {lda if split else mr};"] if lda is None or split else []) + \
-            [f"b += {nr};"]
+        rest = step(0, acc) + advance(1)
         lines.append(f"for (; k < kc; ++k) {{\n{indent(chr(10).join(rest))}\n}}")
         lines += [f"{acc[r][q]} += {' + '.join(sets[u][r][q] for u in range(1, unroll))};"
                   for r in range(mr) for q in range(nv)]
     else:
-        body = step(0, acc) + ([f"a += {lda if split else mr};"] if lda is None or split else []) + \
-            [f"b += {nr};"]
+        body = step(0, acc) + advance(1)
         lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
     name = (f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None
             else f"gemm{'q' if split else 'r'}_{mr}x{nr}_{lda}")
@@ -157,6 +160,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
                  f"    if (acc) {{\n{indent(chr(10).join(full_acc), 2)}\n    }}\n{indent(chr(10).join(full_st))}\n"
                  f"}} else {{\n{indent(chr(10).join(tile))}\n}}")
     return f"{head}{indent(chr(10).join(lines))}\n}}\n"
+
 
 def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int,
             pw: int, xc: int, xh: int, mr: int) -> str:

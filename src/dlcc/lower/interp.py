@@ -159,7 +159,7 @@ def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarra
             v = step.outputs[0]
             if step.kind == "loop":
                 run_node(v.producer(), env)
-            array(program.value_buffer[v])[...] = env[v]  # (a producer step's result: only in env)
+            array(program.value_buffer[v])[...] = env[v]
             written.add(v)
             # values that are views of this buffer are now readable too
             for other, bid in program.value_buffer.items():

@@ -121,6 +121,15 @@ class Program:
     consts: dict[ir.Value, np.ndarray] = field(default_factory=dict)
     opset: dict[str, int] = field(default_factory=dict)
 
+    def is_constant(self, v: ir.Value | None) -> bool:
+        """Is ``v`` a compile-time constant (a folded value, an initializer, or a weight buffer)?"""
+        if v is None:
+            return False
+        if v in self.consts or v.const_value is not None:
+            return True
+        bid = self.value_buffer.get(v)
+        return bid is not None and self.buffers[bid].kind == "weight"
+
     def root(self, bid: int) -> Buffer:
         b = self.buffers[bid]
         while b.kind == "view":

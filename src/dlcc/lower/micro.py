@@ -39,6 +39,11 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         as gemm_, with A read in place, row-major: a[r*lda + k] (the Winograd convolution's transformed input,
         one tile per row; a product's A where packing it would cost more than it saves).
 
+    gemmq_{mr}x{nr}_{lda}(kc, a, b, c, ldc, ldq)
+        c[(j/lanes)*ldq + r*ldc + j%lanes] = sum_k a[k*lda + r] * b[k*nr + j] for r < mr, j < nr: A read in place
+        with k at stride lda (a 1x1 convolution's NCHW input, pixels as rows), each vector of columns stored into
+        its own channel block (the fused 1x1 -> depthwise pair, ``schedule.pwdw``).
+
     wgi_{cbi}_{xrow}_{ldv}(x, v)
         the Winograd F(4x4, 3x3) input transform of one 6x6 input tile of a block of cbi channels in
         ``nchwc_``'s layout: v[(r*6 + s)*ldv + i] = (B^T d B)[r, s] with d[y, z] = x[y*xrow + z*cbi + i], i < cbi
@@ -69,8 +74,7 @@ from dlcc.lower.lir import MICRO, MicroKernel
 
 __all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSpec", "attn_micro", "attn_reference",
            "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro", "gemmr_micro", "gemmt_micro",
-           "im2col_micro",
-           "nchwc_micro", "wgi_micro", "wgo_micro"]
+           "im2col_micro", "nchwc_micro", "wgi_micro", "wgo_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -117,6 +121,7 @@ def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None) -
                ("ncols", "int")),
         f"{where} (acc: +)= sum_k {a_at} * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}", footprint, reference)
     return name
+
 
 def im2col_micro(h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int, pw: int,
                  xc: int, xh: int, mr: int) -> str:
@@ -361,11 +366,6 @@ def gemmr_micro(mr: int, nr: int, lda: int) -> str:
     contract."""
     return _gemm_contract(mr, nr, transposed=False, lda=lda)
 
-
-def gemmc_micro(mr: int, nr: int, lda: int) -> str:
-    """The name of the mr x nr GEMM tile reading A in place, column-major (the mr rows of a k consecutive, k at
-    stride ``lda``: a 1x1 convolution's NCHW input with pixels as rows), registering its contract."""
-    return _gemm_contract(mr, nr, transposed=False, lda=lda, colmajor=True)
 
 def wgi_micro(cbi: int, xrow: int, ldv: int) -> str:
     """The name of the Winograd input transform of one tile (``cbi`` channels), registering its contract."""

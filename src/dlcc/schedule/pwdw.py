@@ -317,15 +317,6 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
 
 
 # ------------------------------------------------------------------------------------------- kernel merging
-def _const(p: Program, v: ir.Value | None) -> bool:
-    if v is None:
-        return False
-    if v in p.consts or v.const_value is not None:
-        return True
-    bid = p.value_buffer.get(v)
-    return bid is not None and p.buffers[bid].kind == "weight"
-
-
 def _dims(v: ir.Value | None) -> tuple[int, ...] | None:
     if v is None or v.shape is None or v.dtype != ir.DataType.FLOAT:
         return None
@@ -340,9 +331,11 @@ def pointwise_input(p: Program, node: ir.Node) -> tuple[int, int] | None:
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
         return None
     xs, ws = _dims(node.inputs[0]), _dims(node.inputs[1])
-    if xs is None or ws is None or len(xs) != 4 or len(ws) != 4 or ws[2:] != (1, 1) or not _const(p, node.inputs[1]):
+    if xs is None or ws is None or len(xs) != 4 or len(ws) != 4 or ws[2:] != (1, 1):
         return None
-    if len(node.inputs) > 2 and node.inputs[2] is not None and not _const(p, node.inputs[2]):
+    if not p.is_constant(node.inputs[1]):
+        return None
+    if len(node.inputs) > 2 and node.inputs[2] is not None and not p.is_constant(node.inputs[2]):
         return None
     attr = node_attr(node)
     if int(attr("group", 1)) != 1 or any(int(s) != 1 for s in attr("strides", [1, 1])):
@@ -362,9 +355,9 @@ def depthwise_geometry(p: Program, node: ir.Node) -> tuple[ConvGeometry, int] | 
         return None
     attr = node_attr(node)
     c = xs[1]
-    if not (int(attr("group", 1)) == c == ws[0] == ys[1] and c > 1 and ws[1] == 1) or not _const(p, node.inputs[1]):
+    if not (int(attr("group", 1)) == c == ws[0] == ys[1] and c > 1 and ws[1] == 1) or not p.is_constant(node.inputs[1]):
         return None
-    if len(node.inputs) > 2 and node.inputs[2] is not None and not _const(p, node.inputs[2]):
+    if len(node.inputs) > 2 and node.inputs[2] is not None and not p.is_constant(node.inputs[2]):
         return None
     (sh, sw), (dh, dw) = (tuple(int(v) for v in attr(a, [1, 1])) for a in ("strides", "dilations"))
     try:
@@ -378,14 +371,18 @@ def depthwise_geometry(p: Program, node: ir.Node) -> tuple[ConvGeometry, int] | 
 
 def fused_plan(p: Program, step: Step, target: Target, threads: int) -> PwDwPlan | None:
     """The plan of a fused step (``Step.producer`` set), None for any other step."""
-    if step.producer is None or step.anchor is None:
+    if step.producer is None or step.anchor is None or step.producer.anchor is None:
         return None
-    geo, pw = depthwise_geometry(p, step.anchor), pointwise_input(p, step.producer.anchor)
-    x = step.producer.anchor.inputs[0]
-    if geo is None or pw is None or x not in p.value_buffer:
+    return _pair_plan(p, step.producer.anchor, step.anchor, target, threads)
+
+
+def _pair_plan(p: Program, pw: ir.Node, dw: ir.Node, target: Target, threads: int) -> PwDwPlan | None:
+    """The plan of the 1x1 Conv ``pw`` fused into the depthwise Conv ``dw``, None where the pair cannot fuse."""
+    geo, dims, x = depthwise_geometry(p, dw), pointwise_input(p, pw), pw.inputs[0]
+    if geo is None or dims is None or x not in p.value_buffer:
         return None
     strides = p.window(p.value_buffer[x])[2]
-    return plan_pwdw(geo[0], pw[0], geo[1], target, threads, strides[2] == geo[0].w)
+    return plan_pwdw(geo[0], dims[0], geo[1], target, threads, strides[2] == geo[0].w)
 
 
 def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:
@@ -406,7 +403,7 @@ def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:
         if len(k2.steps) != 1 or k2.steps[0].kind != "template" or k2.steps[0].scratch is not None:
             continue
         s2 = k2.steps[0]
-        if s2.producer is not None or s2.anchor is None or depthwise_geometry(p, s2.anchor) is None:
+        if s2.producer is not None or s2.anchor is None:
             continue
         v = s2.anchor.inputs[0]
         bid = p.value_buffer.get(v)
@@ -419,15 +416,13 @@ def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:
         s1 = k1.steps[0]
         if s1.kind != "template" or s1.scratch is not None or s1.producer is not None or s1.anchor is None:
             continue
-        if s1.outputs != [v] or pointwise_input(p, s1.anchor) is None:
+        if s1.outputs != [v] or p.buffers[bid].shape != _dims(v):
             continue
-        if p.buffers[bid].shape != _dims(v) or any(v in n.inputs for n in k2.nodes if n is not s2.anchor):
+        if any(v in n.inputs for n in k2.nodes if n is not s2.anchor) or \
+                _pair_plan(p, s1.anchor, s2.anchor, target, threads) is None:
             continue
         s2.producer = s1
         s2.nodes = [*s1.nodes, *s2.nodes]
-        if fused_plan(p, s2, target, threads) is None:
-            s2.producer, s2.nodes = None, s2.nodes[len(s1.nodes):]
-            continue
         k2.nodes = [*k1.nodes, *k2.nodes]
         k2.reads = list(dict.fromkeys([*k1.reads, *(r for r in k2.reads if r != bid)]))
         del p.buffers[bid]

@@ -45,14 +45,13 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.lower.micro import WINO_G, gemmr_micro, wgi_micro, wgo_micro
-from dlcc.schedule.direct import repack_phase
+from dlcc.schedule.direct import PAR_MIN_FLOPS, repack_phase
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
 __all__ = ["WinoPlan", "pack_winograd", "plan_winograd", "use_winograd", "wino_func", "winograd_fits"]
 
-PAR_MIN_FLOPS = 2e6  # (as the direct convolution: below this, one thread)
 VM_L3_BYTES = 4 << 20  # a thread's V and M beyond this go through memory rather than L3
 VM_MAX_BYTES = 8 << 20  # and blocks never make them larger than this (the arena holds them)
 

@@ -48,13 +48,6 @@ def _shape(v: ir.Value) -> tuple[int, ...]:
     return tuple(int(d) for d in v.shape) if v.shape is not None else ()
 
 
-def _is_const(p: Program, v: ir.Value) -> bool:
-    if v in p.consts or v.const_value is not None:
-        return True
-    bid = p.value_buffer.get(v)
-    return bid is not None and p.buffers[bid].kind == "weight"
-
-
 def _pointwise_conv_dims(node: ir.Node, is_const: Callable[[ir.Value], bool]) -> tuple[int, int, int, int] | None:
     """(Co, pixels, Ci, images) of a 1x1, stride-1, unpadded, ungrouped Conv with a weight W."""
     x, w = node.inputs[0], node.inputs[1]
@@ -197,7 +190,7 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
                 continue
             fused = fused_plan(p, step, target, threads)
             nbytes = 4 * fused.workspace_floats if fused is not None else \
-                node_workspace_bytes(step.anchor, lambda v: _is_const(p, v), target, threads)
+                node_workspace_bytes(step.anchor, p.is_constant, target, threads)
             if nbytes:
                 bid = max(p.buffers) + 1
                 p.buffers[bid] = Buffer(bid, "temp", "float32", (nbytes // 4,), "workspace")

@@ -493,8 +493,6 @@ def _unflat(p: str, shape: Sequence[int]) -> list[str]:
 def conv_transpose(call: TemplateCall) -> str:
     if math.prod(call.out_shape) == 0:
         return ""  # empty output: nothing to compute
-    if call.producer is not None:
-        return _pointwise_depthwise(call)
     xref, w, bref, r, ks, group, strides, dils = _common(call)
     N, C, *ins = xref.shape
     Cw, Mg = w.shape[:2]
