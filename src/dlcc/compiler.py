@@ -198,12 +198,15 @@ def _lower(b: _Build) -> None:
 
 def _schedule(b: _Build) -> None:
     from dlcc.lower.kir import verify_program
+    from dlcc.schedule.layouts import assign_layouts
     from dlcc.schedule.pwdw import fuse_pointwise_depthwise
     from dlcc.schedule.target import get_target
     from dlcc.schedule.workspace import declare_workspace
 
     target = get_target(b.target)
     if fuse_pointwise_depthwise(b.program, target, b.threads):
+        verify_program(b.program)
+    if assign_layouts(b.program, target, b.threads):
         verify_program(b.program)
     declare_workspace(b.program, target, b.threads)
 

@@ -64,12 +64,32 @@ def _expand_depthwise() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-BUILT = {"winograd": _winograd_conv, "expand_depthwise": _expand_depthwise}
+def _nhwc_block() -> onnx.ModelProto:
+    """An NHWC input around a depthwise 3x3 (22 channels: 5 blocks of 4, the last partial) and a 5x5 convolution,
+    Transposes at both ends: on NEON the channels-last layouts (``schedule.layouts``) remove both, the depthwise
+    kernel reads the input channels-last and the 5x5 one writes channels-last (``dconvp_``)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(8)
+    arrays = {"wd": rng.standard_normal((22, 1, 3, 3)) / 3, "bd": rng.standard_normal(22),
+              "wc": rng.standard_normal((12, 22, 5, 5)) / 20}
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()]
+    nodes = [helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["xc", "wd", "bd"], ["d"], kernel_shape=[3, 3], pads=[1] * 4, group=22),
+             helper.make_node("Relu", ["d"], ["r"]),
+             helper.make_node("Conv", ["r", "wc"], ["c"], kernel_shape=[5, 5], pads=[2] * 4),
+             helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10, 9, 22])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10, 9, 12])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+BUILT = {"winograd": _winograd_conv, "expand_depthwise": _expand_depthwise, "nhwc_block": _nhwc_block}
 
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 @pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder", "winograd",
-                                  "expand_depthwise"])
+                                  "expand_depthwise", "nhwc_block"])
 def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -> None:
     model = BUILT[name]() if name in BUILT else randomize(KIT_MODELS[name](), seed=0)
     src = tmp_path / f"{name}.onnx"
@@ -81,6 +101,7 @@ def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -
     assert "vector_size(16)" in kernels
     assert ("dlcc_uk_wgi_4_" in kernels) == (name == "winograd")
     assert ("dlcc_uk_gemmq_" in kernels) == (name == "expand_depthwise")
+    assert ("dlcc_uk_dconvp_" in kernels) == (name == "nhwc_block")
     manifest = json.loads((out / "model.json").read_text())
     assert manifest["target"] == "aarch64"
     feeds = random_inputs(model, seed=1)

@@ -145,6 +145,15 @@ class TensorRef:
         """The C lvalue of element ``idx``."""
         return f"{self.ptr}[{self.index(idx)}]"
 
+    @property
+    def channels_last(self) -> bool:
+        """A rank-4 (N, C, H, W) window whose channels are contiguous and whose pixels follow in row-major order
+        (NHWC memory: a layout the schedule stage chose, ``schedule.layouts``)."""
+        if self.rank != 4:
+            return False
+        n, c, h, w = self.shape
+        return self.strides[1:] == (1, w * c, c) or (c == 1 and self.strides[2:] == (w, 1))
+
     def flat(self, i: str) -> str:
         """The C lvalue of element ``i`` in row-major order (only for contiguous refs)."""
         if not self.contiguous:

@@ -152,7 +152,9 @@ class _KernelGen:
                 return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
 
             par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
-            f = _map(tuple(dst.shape), dst.dtype, par, "loop", names, _transpose_tile(_inlined(v, gen), dst.shape))
+            order = _memory_order(dst)
+            tile = _transpose_tile(_inlined(v, gen), dst.shape) if order is None else None
+            f = _map(tuple(dst.shape), dst.dtype, par, "loop", names, tile, order)
             step.loop_ir = print_func(f)
             return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(_emit_map(f, dst.at, element))}\n}}"
         return self.template(step, gen, names)
@@ -205,13 +207,13 @@ class _KernelGen:
         dst = gen.buffers[end]
         operands = self.operands(node, gen)
         shape = value_shape(a)
-        if dst.dtype == "float32" and dst.contiguous and dst.shape == shape:
+        if dst.dtype == "float32" and dst.shape == shape and (dst.contiguous or step.channels_last):
             scratch = dst
         elif step.scratch is not None:
             scratch = self.ref(step.scratch)
         else:
             raise DlccError("internal: a template step with a strided or non-float destination has no scratch")
-        direct = end is a and scratch is dst
+        direct = end is a and scratch is dst and dst.contiguous
         parts = self.chain(a, end, gen, names)
 
         def store(idx, val):
@@ -251,9 +253,23 @@ def _emit_map(f: Func, put: Callable[[Sequence[str]], str], element: Callable[[S
 
 
 def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Names,
-         tile: tuple[int, int, bool] | None = None) -> Func:
-    _verify_map_once(shape, dtype, threads, tile)
-    return map_func(shape, dtype, threads, name, names, tile)
+         tile: tuple[int, int, bool] | None = None, order: tuple[int, ...] | None = None) -> Func:
+    _verify_map_once(shape, dtype, threads, tile, order)
+    return map_func(shape, dtype, threads, name, names, tile, order)
+
+
+def _memory_order(dst: TensorRef) -> tuple[int, ...] | None:
+    """The dims of a destination whose strides are a permutation of a contiguous layout's other than the
+    row-major one (a channels-last buffer the schedule stage chose), outermost first; else None."""
+    if dst.contiguous or dst.size <= 1:
+        return None
+    order = tuple(sorted(range(dst.rank), key=lambda d: (-dst.strides[d], d)))
+    expect = 1
+    for d in reversed(order):
+        if dst.shape[d] > 1 and dst.strides[d] != expect:
+            return None
+        expect *= dst.shape[d]
+    return order if order != tuple(range(dst.rank)) else None
 
 
 TRANSPOSE_TILE = 16  # elements per side of a transposing loop step's tiles (16 floats: one cache line)
@@ -294,8 +310,8 @@ def _transpose_tile(nodes: list[ir.Node], shape: tuple[int, ...]) -> tuple[int, 
 
 @functools.lru_cache(maxsize=1024)
 def _verify_map_once(shape: tuple[int, ...], dtype: str, threads: int,
-                     tile: tuple[int, int, bool] | None = None) -> None:
-    verify_func(map_func(shape, dtype, threads, tile=tile))
+                     tile: tuple[int, int, bool] | None = None, order: tuple[int, ...] | None = None) -> None:
+    verify_func(map_func(shape, dtype, threads, tile=tile, order=order))
 
 
 class _Weights:

@@ -38,9 +38,9 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
-_DCONV = re.compile(r"dconv(a?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
-_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6})(_m)?$")
-_DWC = re.compile(r"dwc(max)?_(\d+(?:_\d+){7})$")
+_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
+_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?$")
+_DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
 _WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
@@ -56,14 +56,15 @@ def micro_c(name: str, lanes: int) -> str:
         return _dwplane(name, *(int(v) for v in m.group(2).split("_")), pool_max=bool(m.group(1)), lanes=lanes)
     m = _DCONV.match(name)
     if m is not None:
-        return _dconv(name, int(m.group(2)), int(m.group(3)), *(int(v) for v in m.group(4).split("_")), lanes=lanes,
-                      accumulate=bool(m.group(1)))
+        return _dconv(name, int(m.group(3)), int(m.group(4)), *(int(v) for v in m.group(5).split("_")), lanes=lanes,
+                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)))
     m = _NCHWC.match(name)
     if m is not None:
         return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)))
     m = _DWC.match(name)
     if m is not None:
-        return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=bool(m.group(1)))
+        return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=m.group(1) == "max",
+                    pixel_major=m.group(1) == "p")
     m = _GEMMR.match(name)
     if m is not None:
         return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q")
@@ -374,12 +375,14 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
 
 
 def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-           wskip: int, kwf: int | None = None, *, lanes: int, accumulate: bool = False) -> str:
+           wskip: int, kwf: int | None = None, *, lanes: int, accumulate: bool = False,
+           pixel_major: bool = False) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
-    transposed in registers (``_transpose_store``) into ``c``, channel-major. Without dilation
-    along the row, a kernel row's taps and channels are one run of kw*cbi consecutive inputs per pixel."""
+    transposed in registers (``_transpose_store``) into ``c``, channel-major, or with ``pixel_major`` stored
+    as held (pixel p at ``c + p*ldc``). Without dilation along the row, a kernel row's taps and channels are
+    one run of kw*cbi consecutive inputs per pixel."""
     if no % lanes:
         raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
     nv = no // lanes
@@ -405,7 +408,13 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
         taps = f"    {{\n{indent(taps, 1)}\n        w += {(kwf - kw) * cbi * no};\n    }}"
     lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n"
                  f"{indent(taps, 2)}{skip}\n}}")
-    for j in range(nv):
+    if pixel_major:
+        for j in range(nv):
+            for p in range(px):
+                at = f"c + {p} * ldc + {j * lanes}"
+                val = f"{acc[j][p]} + dlcc_vf_load({at})" if accumulate else acc[j][p]
+                lines.append(f"dlcc_vf_store({at}, {val});")
+    for j in range(nv if not pixel_major else 0):
         for pb in range(0, px, lanes):
             rows = [acc[j][pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
             lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}", accumulate))
@@ -416,7 +425,7 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
 
 
 def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int,
-         pool_max: bool = False) -> str:
+         pool_max: bool = False, pixel_major: bool = False) -> str:
     """A depthwise-convolution register tile (contract: ``lower.micro.dwc_micro``): accumulator a{p} holds the
     cbi (= lanes) channels of pixel p; per tap, the channels' weights are one vector load and each pixel's
     inputs one vector (on AVX-512, the FMA's memory operand); the tile is transposed in registers
@@ -441,7 +450,9 @@ def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: i
                 lines.append(f"{{ const dlcc_vf wv = dlcc_vf_load(w + {(ky * kw + kx) * cbi}); {fmas} }}")
     if pool_max:
         lines.append("(void)w;")
-    for pb in range(0, px, lanes):
+    if pixel_major:  # (pixel_major: ldc unread)
+        lines += [f"dlcc_vf_store(c + {p * cbi}, {a});" for p, a in enumerate(acc)] + ["(void)ldc;"]
+    for pb in range(0, px if not pixel_major else 0, lanes):
         rows = [acc[pb + r] if pb + r < px else "(dlcc_vf){0}" for r in range(lanes)]
         lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {pb}")) + "\n}")
     return (f"static void dlcc_uk_{name}(const float* restrict x, const float* restrict w, float* restrict c, "
@@ -477,17 +488,25 @@ def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = 
     return "\n".join(out)
 
 
-def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, *, lanes: int,
+def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, xw: int = 1, *, lanes: int,
            ring_min: bool = False) -> str:
     """The repacking of one channel block with its zero ring (contract: ``lower.micro.nchwc_micro``): rows in
     the ring are zeroed whole; inside, each pixel's cbi channels are gathered (stores stay contiguous). Rows
     and columns beyond hp x wp (which no tap reads) are not copied. With a full block of cbi = lanes channels,
     each run of lanes pixels is lanes vector loads (one per channel), a transpose in registers
-    (``_transpose_store``) and lanes vector stores (one per pixel)."""
+    (``_transpose_store``) and lanes vector stores (one per pixel); from a channels-last input (column stride
+    ``xw`` > 1, channel stride 1) each pixel's channels are one vector load and store."""
     wc = max(0, min(w, wp - pw))  # columns copied
     z = "-INFINITY" if ring_min else "0.0f"  # the ring's value
+    col = f" * {xw}" if xw != 1 else ""
     fast = ""
-    if cbi == lanes and wc >= lanes:
+    if xw != 1 and cbi == lanes:
+        fast = f"""
+        if (nci == {cbi} && xc == 1) {{
+            for (int64_t xx = 0; xx < {wc}; ++xx) dlcc_vf_store(d + (xx + {pw}) * {cbi}, dlcc_vf_load(s + xx * {xw}));
+            continue;
+        }}"""
+    elif cbi == lanes and wc >= lanes:
         rows = [f"dlcc_vf_load(s + {i} * xc + xx)" for i in range(lanes)]
         tr = indent(_transpose_store(rows, lanes, f"d + (xx + {pw}) * {cbi}"), 3)
         fast = f"""
@@ -514,7 +533,7 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
         for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = {z};
         const float* restrict s = x + iy * xh;{fast}
         for (int64_t xx = 0; xx < {wc}; ++xx)
-            for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx] : {z};
+            for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx{col}] : {z};
     }}
 }}
 """

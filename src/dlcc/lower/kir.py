@@ -88,6 +88,9 @@ class Step:
     # (a 1x1 Conv fused into the depthwise Conv that reads it: ``schedule.pwdw``); ``nodes`` then holds its
     # nodes first
     producer: Step | None = None
+    # template steps: the destination is a channels-last view the schedule stage chose (``schedule.layouts``); the
+    # template stores every element through its epilogue, in that layout (no scratch)
+    channels_last: bool = False
 
     def describe(self) -> str:
         ops = "+".join(n.op_type for n in self.nodes) or "-"

@@ -203,15 +203,17 @@ DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a wh
 
 
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-                wskip: int = 0, kwf: int | None = None, accumulate: bool = False) -> str:
+                wskip: int = 0, kwf: int | None = None, accumulate: bool = False, pixel_major: bool = False) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring). ``kwf``: the
     packed weight's kernel width when the tile reads only ``kw`` of its columns (a row's pixels that only those
     kernel columns reach inside the input); the name then ends in ``_{kwf}``. ``accumulate`` (``dconva_``): the
-    tile is added to c (a later block of input channels) instead of stored."""
+    tile is added to c (a later block of input channels) instead of stored. ``pixel_major`` (``dconvp_``,
+    ``dconvap_``): the tile stored as it is held, pixel p's ``no`` channels at ``c + p*ldc`` (no transpose: for a
+    channels-last output)."""
     kwf = kw if kwf is None else kwf
     geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip) + ((kwf,) if kwf != kw else ())
-    name = f"dconv{'a' if accumulate else ''}_{no}x{px}_" + "_".join(str(v) for v in geo)
+    name = f"dconv{'a' if accumulate else ''}{'p' if pixel_major else ''}_{no}x{px}_" + "_".join(str(v) for v in geo)
     wcb = kh * kwf * cbi * no + wskip  # weights per channel block
     if name in MICRO:
         return name
@@ -220,7 +222,7 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
         ncb = max(s["ncb"], 1)
         span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
         return {"x": (1, 0, span), "w": (1, 0, (ncb - 1) * wcb + ((kh - 1) * kwf + kw) * cbi * no),
-                "c": (no, s["ldc"], px + DCONV_PAD)}
+                "c": (px, s["ldc"], no) if pixel_major else (no, s["ldc"], px + DCONV_PAD)}
 
     def reference(arrays, offsets, s) -> None:
         ncb = s["ncb"]
@@ -236,30 +238,36 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
                         acc[p] += x[at:at + cbi].astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
         c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
         for o in range(no):
-            at = slice(co + o * ldc, co + o * ldc + px)
+            at = slice(co + o * ldc, co + o * ldc + px) if not pixel_major else slice(co + o, co + o + px * ldc, ldc)
             c[at] = (c[at].astype(np.float64) if accumulate else 0.0) + acc[:, o]
 
     MICRO[name] = MicroKernel(
         name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
-        f"c[o*ldc + p] {'+' if accumulate else ''}= sum over {cbi}-channel blocks b < ncb and taps of w[...][o] * "
+        f"c[{'p*ldc + o' if pixel_major else 'o*ldc + p'}] {'+' if accumulate else ''}= sum over {cbi}-channel blocks "
+        f"b < ncb and taps of w[...][o] * "
         f"x[b*{xcb} + ky*{dh * xrow} "
         f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}", footprint, reference)
     return name
 
 
 def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int,
-              pool_max: bool = False) -> str:
+              pool_max: bool = False, pixel_major: bool = False) -> str:
     """The name of a depthwise-convolution register tile (``cbi`` channels x ``px`` pixels of an output row)
     over a channel block in ``nchwc_``'s layout, registering its contract on first use (module docstring).
     ``pool_max`` (``dwcmax_``): the maximum of the taps' inputs instead (w unread; a NaN never replaces the
-    running maximum, which starts at -inf)."""
-    name = ("dwcmax_" if pool_max else "dwc_") + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow))
+    running maximum, which starts at -inf). ``pixel_major`` (``dwcp_``): the tile stored as it is held, each
+    pixel's ``cbi`` channels one vector at ``c + p*cbi`` (``ldc`` unread): for a channels-last output."""
+    if pool_max and pixel_major:
+        raise ValueError("dwc micro-kernel: a pixel-major max tile is not built")
+    kind = "dwcmax_" if pool_max else "dwcp_" if pixel_major else "dwc_"
+    name = kind + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow))
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         span = (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
-        return {"x": (1, 0, span), "w": (1, 0, kh * kw * cbi), "c": (cbi, s["ldc"], px + DCONV_PAD)}
+        out = (1, 0, px * cbi) if pixel_major else (cbi, s["ldc"], px + DCONV_PAD)
+        return {"x": (1, 0, span), "w": (1, 0, kh * kw * cbi), "c": out}
 
     def reference(arrays, offsets, s) -> None:
         x, xo = arrays["x"], offsets["x"]
@@ -275,29 +283,36 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
                     else:
                         acc[p] += v * wt[ky, kx]
         c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
+        if pixel_major:
+            c[co:co + px * cbi] = acc.ravel()
+            return
         for o in range(cbi):
             c[co + o * ldc:co + o * ldc + px] = acc[:, o]
 
     MICRO[name] = MicroKernel(
         name, (("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
-        f"c[o*ldc + p] = {'max' if pool_max else 'sum'} over taps of "
+        f"c[{f'p*{cbi} + o' if pixel_major else 'o*ldc + p'}] = {'max' if pool_max else 'sum'} over taps of "
         f"{'' if pool_max else f'w[(ky*{kw} + kx)*{cbi} + o] * '}x[ky*{dh * xrow} + (p*{sw} + kx*{dw})*{cbi} + o], "
         f"o < {cbi}, p < {px}", footprint, reference)
     return name
 
 
-def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ring_min: bool = False) -> str:
+def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ring_min: bool = False,
+                xw: int = 1) -> str:
     """The name of the repacking of one channel block of an image into rows of ``cbi``-channel pixels with a
     zero ring (``ph``/``pw`` before, up to ``hp`` x ``wp``), registering its contract on first use. A call
     writes ``rows`` rows of the block from row y0, ``ws`` pointing at row y0 (threads may split a block).
-    ``ring_min`` (name ending ``_m``): the ring (and the channels past nci) hold -inf instead (max pooling)."""
-    name = "nchwc_" + "_".join(str(v) for v in (cbi, h, w, ph, pw, hp, wp)) + ("_m" if ring_min else "")
+    ``ring_min`` (name ending ``_m``): the ring (and the channels past nci) hold -inf instead (max pooling).
+    ``xw``: the input's column stride (1 for NCHW; the channels for a channels-last input, whose pixels' channels
+    are then contiguous), in the name only when it is not 1."""
+    dims = (cbi, h, w, ph, pw, hp, wp) + ((xw,) if xw != 1 else ())
+    name = "nchwc_" + "_".join(str(v) for v in dims) + ("_m" if ring_min else "")
     fill = -np.inf if ring_min else 0.0
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        return {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + w),
+        return {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + (w - 1) * xw + 1),
                 "ws": (1, 0, max(1, min(hp, s["rows"])) * wp * cbi)}
 
     def reference(arrays, offsets, s) -> None:
@@ -307,7 +322,8 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ri
         wc = max(0, min(w, wp - pw))
         for i in range(nci):
             for y in range(min(h, hp - ph)):
-                out[ph + y, pw:pw + wc, i] = x[xo + i * xc + y * xh:xo + i * xc + y * xh + wc]
+                at = xo + i * xc + y * xh
+                out[ph + y, pw:pw + wc, i] = x[at:at + (wc - 1) * xw + 1:xw] if wc else x[at:at]
         if y0 < y1:
             o = offsets["ws"]
             arrays["ws"][o:o + (y1 - y0) * wp * cbi] = out[y0:y1].ravel()
@@ -315,7 +331,8 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ri
     MICRO[name] = MicroKernel(
         name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("y0", "int"), ("rows", "int"),
                ("ws", "out")),
-        f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + xx - {pw}] inside the {h}x{w} plane and "
+        f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + (xx - {pw})*{xw}] inside the {h}x{w} "
+        f"plane and "
         f"i < nci, else {'-inf' if ring_min else '0'}, for y0 <= yy < y0 + rows", footprint, reference)
     return name
 

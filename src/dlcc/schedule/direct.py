@@ -223,7 +223,7 @@ def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf
     block = hp * wp * cbi
     by_rows = ncb * batch < T
     y0, y1 = share(tv, hp, T) if by_rows else (Const(0), Const(hp))
-    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, hp, wp), (
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, hp, wp, xw=xd[3][3]), (
         Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
         Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
         Ptr(ws, (simplify((cb * batch + b) * block + y0 * (wp * cbi)),))))
@@ -232,10 +232,12 @@ def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf
 
 
 def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "conv_direct",
-                fresh: Callable[[str], str] = str) -> Func:
+                fresh: Callable[[str], str] = str, channels_last: bool = False) -> Func:
     """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy*sh + ky*dh - ph, ox*sw + kx*dw
-    - pw]`` (zero padding): ``x`` (N, Ci, H, W) with unit column stride, ``wp`` the weight packed by
-    ``pack_direct``, ``c`` (N, Co, OH*OW) with unit pixel stride, ``ws`` the workspace (the repacked input)."""
+    - pw]`` (zero padding): ``x`` (N, Ci, H, W) with unit column stride or channels-last, ``wp`` the weight
+    packed by ``pack_direct``, ``c`` (N, Co, OH*OW), ``ws`` the workspace (the repacked input).
+    ``channels_last``: the local buffer pixel-major (``dconvp_`` tiles, no transpose) and the epilogue per
+    pixel along its channels, for a destination whose channels are contiguous."""
     g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
     t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
     tv1: Expr = t1 if T > 1 else Const(0)
@@ -252,7 +254,9 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     r0, r1 = share(tv2, g.oh, T)
     first = simplify(r0 + ob * band)  # the band's first row (band > 1)
     span = g.oh * g.ow if whole else band * g.ow
-    acc = Buf(fresh("acc"), "float32", Layout.strided((p.no, span + DCONV_PAD)), "stack")  # (tiles store vectors)
+    cl = channels_last
+    acc = Buf(fresh("acc"), "float32", Layout.strided((span, p.no) if cl else (p.no, span + DCONV_PAD)), "stack")
+    ldc = p.no if cl else span + DCONV_PAD
     at0 = oy * g.ow if whole else (oy - first) * g.ow if band > 1 else Const(0)
     Chunk = tuple[Expr, Expr, bool] | None  # (first input block, blocks, accumulate), or all blocks
 
@@ -271,9 +275,10 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             xoff = xoff + cb0 * (p.batch * block)
             woff = woff + cb0 * (g.kh * per_row)
         uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
-                         (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate)
+                         (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl)
+        at = simplify(at0 + x0)
         return Micro(uk, (simplify(nblk), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, simplify(woff))),
-                          Ptr(acc, (Const(0), simplify(at0 + x0))), Const(span + DCONV_PAD)))
+                          Ptr(acc, (at, Const(0)) if cl else (Const(0), at)), Const(ldc)))
 
     def tiles(k0: int, k1: int, chunked: Chunk) -> tuple[Stmt, ...]:
         out: tuple[Stmt, ...] = ()
@@ -300,7 +305,11 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     def along(base: Expr, n: Expr) -> Stmt:
         """The epilogue of the tile's n pixels in the local buffer, from output pixel ``base`` (one loop: it
         vectorizes)."""
-        return For(o, Const(0), Bin("min", Const(p.no), Const(p.co) - oct * p.no), (
+        nco = Bin("min", Const(p.no), Const(p.co) - oct * p.no)
+        if cl:
+            return For(q, Const(0), n, (For(o, Const(0), nco, (
+                Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
+        return For(o, Const(0), nco, (
             For(q, Const(0), n, (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
                 "vectorized"),))
 

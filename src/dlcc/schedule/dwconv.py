@@ -153,12 +153,14 @@ def pack_dwc(w: np.ndarray, p: DwcPlan) -> np.ndarray:
 
 
 def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "dwconv_blocked",
-             fresh: Callable[[str], str] = str, pool_max: bool = False) -> Func:
+             fresh: Callable[[str], str] = str, pool_max: bool = False, channels_last: bool = False) -> Func:
     """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps W[ch, ky*kw + kx] * x[b, ch, oy*sh + ky*dh - ph, ox*sw +
     kx*dw - pw]`` (zero padding) following ``p`` (module docstring): ``x`` (N, C, H, W) with unit column stride,
-    ``wp`` the weight packed by ``pack_dwc``, ``c`` (N, C, OH*OW) with unit pixel stride, ``ws`` the workspace
-    (each thread's repacked block). Without ``epilogue`` the local tiles are copied into ``c``. ``pool_max``:
-    the maximum over the taps inside instead (MaxPool: the ring holds -inf; ``wp`` unread)."""
+    or channels-last (unit channel stride), ``wp`` the weight packed by ``pack_dwc``, ``c`` (N, C, OH*OW) with
+    unit pixel stride, ``ws`` the workspace (each thread's repacked block). Without ``epilogue`` the local tiles
+    are copied into ``c``. ``pool_max``: the maximum over the taps inside instead (MaxPool: the ring holds -inf;
+    ``wp`` unread). ``channels_last``: the epilogue (which must be on) gets each pixel's channels innermost, for
+    a destination whose channels are contiguous (the tiles stored pixel-major, ``dwcp_``)."""
     g, T, cbi, S = p.g, p.threads, p.cbi, p.splits
     t, b, cb = (Var(fresh(v)) for v in ("t", "b", "cb"))
     w = Var(fresh("w")) if S > 1 else cb
@@ -174,7 +176,7 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
         y0 = simplify(r_lo * g.sh)
         rows_in = simplify(Bin("min", Const(p.hp), (r_hi - 1) * g.sh + ((g.kh - 1) * g.dh + 1)) - y0)
     nci = Bin("min", Const(cbi), Const(g.ci) - blk * cbi) if g.ci % cbi else Const(cbi)
-    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp, ring_min=pool_max), (
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp, ring_min=pool_max, xw=xd[3][3]), (
         Ptr(x, (b, blk * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci), y0,
         rows_in, Ptr(ws, (simplify(wsb),))))
     band = p.band
@@ -192,7 +194,7 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     else:
         last = simplify(Bin("min", Const(g.oh), oy0 + band)) if g.oh % band else simplify(oy0 + band)
     rows = dwc_rows(g, cbi, p.px, p.wp * cbi, band, ws, at, Ptr(wp, (blk, Const(0))), c, b, blk * cbi, oy0, last,
-                    simplify(nci), epilogue, fresh, pool_max)
+                    simplify(nci), epilogue, fresh, pool_max, channels_last)
     if S > 1:
         nest: tuple[Stmt, ...] = (For(ob, Const(0), simplify((r_hi - r_lo + (band - 1)) // band), (rows,)),)
         w0, w1 = share(tv, p.ncb * S, T)
@@ -208,20 +210,26 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
 
 def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, at: Callable[[Expr, Expr], Expr],
              wptr: Ptr, c: Buf, b: Expr, ch0: Expr, oy0: Expr, oy1: Expr, nci: Expr, epilogue: bool,
-             fresh: Callable[[str], str] = str, pool_max: bool = False) -> Stmt:
+             fresh: Callable[[str], str] = str, pool_max: bool = False, pixel_major: bool = False) -> Stmt:
     """Output rows [oy0, oy1) (at most ``band``) of the channel block from channel ``ch0`` of image ``b``: ``dwc_``
     register tiles of up to ``px`` pixels over the block in ``ws`` (``at(oy, x0)``: the element where output row
     ``oy``'s tile from column ``x0`` reads; rows ``xrow`` apart), transposed into a local channel-major band, then
     the fused epilogue along the band's rows as one loop (or, without ``epilogue``, a copy into ``c``), for the
-    block's ``nci`` channels. The channel-blocked depthwise convolution's and the fused 1x1 -> depthwise pair's."""
+    block's ``nci`` channels. The channel-blocked depthwise convolution's and the fused 1x1 -> depthwise pair's.
+    ``pixel_major``: the band held pixel-major (``dwcp_`` tiles, no transpose) and the epilogue run per pixel
+    along its channels (a channels-last destination)."""
+    if pixel_major and not epilogue:
+        raise ValueError("dwc rows: a pixel-major band is stored through the epilogue only")
     oy, xt, o, q = (Var(fresh(v)) for v in ("oy", "xt", "o", "q"))
     span = band * g.ow
-    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span + DCONV_PAD)), "stack")  # (tiles store vectors)
+    shape = (span, cbi) if pixel_major else (cbi, span + DCONV_PAD)
+    acc = Buf(fresh("acc"), "float32", Layout.strided(shape), "stack")  # (tiles store vectors)
 
     def tile(x0: Expr, n: int) -> Stmt:
-        uk = dwc_micro(cbi, n, g.kh, g.kw, g.sw, g.dh, g.dw, xrow, pool_max)
-        return Micro(uk, (Ptr(ws, (at(oy, x0),)), wptr, Ptr(acc, (Const(0), simplify((oy - oy0) * g.ow + x0))),
-                          Const(span + DCONV_PAD)))
+        uk = dwc_micro(cbi, n, g.kh, g.kw, g.sw, g.dh, g.dw, xrow, pool_max, pixel_major)
+        at0 = simplify((oy - oy0) * g.ow + x0)
+        where = Ptr(acc, (at0, Const(0))) if pixel_major else Ptr(acc, (Const(0), at0))
+        return Micro(uk, (Ptr(ws, (at(oy, x0),)), wptr, where, Const(span + DCONV_PAD)))
 
     nfull, tail = divmod(g.ow, px)
     row: tuple[Stmt, ...] = ()
@@ -230,6 +238,10 @@ def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, 
     if tail:
         row += (tile(Const(nfull * px), tail),)
     idx = (b, ch0 + o, simplify(oy0 * g.ow + q))
+    npx = simplify((oy1 - oy0) * g.ow)
+    if pixel_major:
+        finish = For(q, Const(0), npx, (For(o, Const(0), nci, (Epilogue(idx, Load(acc, (q, o))),), "vectorized"),))
+        return Alloc(acc, (For(oy, oy0, oy1, row), finish))
     store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))
-    finish = For(o, Const(0), nci, (For(q, Const(0), simplify((oy1 - oy0) * g.ow), (store,), "vectorized"),))
+    finish = For(o, Const(0), nci, (For(q, Const(0), npx, (store,), "vectorized"),))
     return Alloc(acc, (For(oy, oy0, oy1, row), finish))

@@ -26,23 +26,33 @@ __all__ = ["map_func"]
 
 
 def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "map",
-             fresh: Callable[[str], str] | None = None, tile: tuple[int, int, bool] | None = None) -> Func:
+             fresh: Callable[[str], str] | None = None, tile: tuple[int, int, bool] | None = None,
+             order: tuple[int, ...] | None = None) -> Func:
     """``epilogue[index] <- In(0, index)`` over ``shape`` (module docstring); ``threads`` > 1 splits the first
-    dim of more than one element; ``tile``: (axis, block, reads_inner), that axis and the last one blocked."""
+    dim of more than one element; ``tile``: (axis, block, reads_inner), that axis and the last one blocked;
+    ``order``: the dims from the outermost loop to the innermost (a destination stored in another order than
+    its logical one, e.g. channels-last: its memory order), row-major when None."""
     fresh = fresh or numbered()
     if tile is not None:
         return _tiled(shape, dtype, threads, name, fresh, *tile)
+    perm = list(order) if order is not None else list(range(len(shape)))
+    if sorted(perm) != list(range(len(shape))):
+        raise ValueError(f"map: loop order {order} is not a permutation of {len(shape)} dims")
+    pshape = [shape[d] for d in perm]
 
-    def body(idx: list[Expr]) -> tuple[Stmt, ...]:
+    def body(pidx: list[Expr]) -> tuple[Stmt, ...]:
+        idx: list[Expr] = [Const(0)] * len(shape)
+        for d, i in zip(perm, pidx, strict=True):
+            idx[d] = i
         return (Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)
 
-    lead = next((d for d, n in enumerate(shape) if n > 1), None)
+    lead = next((d for d, n in enumerate(pshape) if n > 1), None)
     if threads <= 1 or lead is None:
-        return Func(name, (), nest(shape, fresh, "i", body))
-    n = shape[lead]
+        return Func(name, (), nest(pshape, fresh, "i", body))
+    n = pshape[lead]
     parts = min(n, 4 * threads)
     t, i = Var(fresh("t")), Var(fresh("i"))
-    rest = nest(shape[lead + 1:], fresh, "i", lambda idx: body([*[Const(0)] * lead, i, *idx]))
+    rest = nest(pshape[lead + 1:], fresh, "i", lambda idx: body([*[Const(0)] * lead, i, *idx]))
     ranges = For(i, *share(t, n, parts), rest)
     return Func(name, (), (For(t, Const(0), Const(parts), (ranges,), "parallel"),))
 

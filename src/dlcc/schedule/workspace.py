@@ -41,7 +41,7 @@ from dlcc.schedule.pwdw import fused_plan
 from dlcc.schedule.target import Target
 from dlcc.schedule.winograd import plan_winograd, use_winograd
 
-__all__ = ["declare_workspace", "node_workspace_bytes"]
+__all__ = ["blocked_conv_form", "declare_workspace", "node_workspace_bytes"]
 
 
 def _shape(v: ir.Value) -> tuple[int, ...]:
@@ -66,6 +66,32 @@ def _pointwise_conv_dims(node: ir.Node, is_const: Callable[[ir.Value], bool]) ->
     return ws[0], pixels, xs[1], xs[0]
 
 
+def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target,
+                      threads: int) -> tuple[str, ConvGeometry] | None:
+    """("winograd" | "direct", the geometry its plan takes) of a 2-D group-1 convolution with a weight that the
+    conv template runs as the Winograd or the blocked direct kernel (both repack their input), else None."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if x is None or w is None or x.shape is None or w.shape is None or y.shape is None or not is_const(w):
+        return None
+    xs, ws, ys = _shape(x), _shape(w), _shape(y)
+    if len(xs) != 4 or len(ws) != 4 or len(ys) != 4 or min(*xs, *ws, *ys) < 1:
+        return None
+    attrs = {k: v.value for k, v in node.attributes.items()}
+    if int(attrs.get("group", 1)) != 1:
+        return None
+    sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
+    dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
+    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
+    if not direct_pays(g, ws[0]):
+        return None
+    try:
+        pb, _ = conv_pads(node_attr(node), "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
+    except TemplateError:
+        return None
+    g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
+    return ("winograd" if use_winograd(g, ws[0], xs[0], target, threads) else "direct"), g
+
+
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
     """A 2-D group-1 convolution with a weight: the blocked direct kernel's repacked input
     (``schedule.direct``) or its im2col GEMM's panels (``schedule.gemm.plan_gemm_conv``)."""
@@ -82,14 +108,12 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
     g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
     if direct_pays(g, ws[0]):
-        try:
-            pb, _ = conv_pads(node_attr(node), "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
-        except TemplateError:
+        form = blocked_conv_form(node, is_const, target, threads)
+        if form is None:
             return 0
-        g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
-        if use_winograd(g, ws[0], xs[0], target, threads):  # (which the template then takes)
-            return plan_winograd(ws[0], g, xs[0], target, threads).workspace_bytes
-        return plan_direct(ws[0], g, xs[0], target, threads).workspace_bytes
+        if form[0] == "winograd":  # (which the template then takes)
+            return plan_winograd(ws[0], form[1], xs[0], target, threads).workspace_bytes
+        return plan_direct(ws[0], form[1], xs[0], target, threads).workspace_bytes
     if not conv_gemm_pays(g, ws[0]):
         return 0
     if ws[2] * ws[3] == 1 and (sh, sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:

@@ -125,20 +125,34 @@ def conv(call: TemplateCall) -> str:
         if (i + a + e - ((k - 1) * d + 1)) // s + 1 != o:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
     pointwise = all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
-    if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None
-            and xref.strides[-1] == 1 and call.scratch.contiguous):
+    # the kernels that repack their input (nchwc_) read it with unit column stride or channels-last
+    repacks = xref.strides[-1] == 1 or xref.channels_last
+    if not call.scratch.contiguous and not call.scratch.channels_last:
+        raise TemplateError("Conv: internal: a strided destination that is not channels-last")
+    if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
-        return _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
+        dw = _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
+        if dw is not None:
+            return dw
+    if not call.scratch.contiguous:  # channels-last (``schedule.layouts``): the depthwise or the direct kernel only
+        if r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks:
+            g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
+                             dils[1], pb[0], pb[1])
+            if direct_pays(g, M):
+                blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+                if blocked is not None:
+                    return blocked
+        raise TemplateError("Conv: internal: a channels-last destination this convolution cannot write")
     gemm_ok = group == 1 and w.const is not None and call.workspace is not None and call.scratch.contiguous
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
-        if xref.strides[-1] == 1 and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
+        if repacks and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
             wino = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if wino is not None:
                 return wino
-        if direct_pays(g, M) and xref.strides[-1] == 1:
+        if direct_pays(g, M) and repacks:
             blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if blocked is not None:
                 return blocked
@@ -292,10 +306,12 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     wpk = call.packed(pack())
     wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None, c.offset))
+    cl = not c.contiguous  # a channels-last destination (the caller checked): the direct kernel's pixel-major form
+    cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None if not cl else (
+        c.strides[0], 1, plan.co), c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-    f = func(plan, x, wp, cb, wsb, fresh=names)
-    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size)
+    f = func(plan, x, wp, cb, wsb, fresh=names, **({"channels_last": True} if cl else {}))
+    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size, cl)
     outs = [g.oh, g.ow]
 
     def store(idx, v):
@@ -306,13 +322,14 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
 
 @functools.lru_cache(maxsize=256)
 def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan, shape: tuple[int, ...],
-                         strides: tuple[int, ...], packed: tuple[int, ...], ws_floats: int) -> None:
+                         strides: tuple[int, ...], packed: tuple[int, ...], ws_floats: int,
+                         channels_last: bool = False) -> None:
     """verify_func on ``func``'s loop IR of ``plan`` (the same for every convolution with these shapes)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wp = Buf("w", "float32", Layout.strided(packed))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(func(plan, x, wp, c, ws))
+    verify_func(func(plan, x, wp, c, ws, **({"channels_last": True} if channels_last else {})))
 
 
 @functools.lru_cache(maxsize=256)
@@ -386,13 +403,18 @@ def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int
     verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue))
 
 
-def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None, g: ConvGeometry) -> str:
+def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
+               g: ConvGeometry) -> str | None:
     """A depthwise convolution (one channel per group) in the loop IR (``schedule.dwconv``): channel-blocked
     where the target's vectors hold several channels and the workspace has room, else per channel the plane
-    micro-kernel; then bias and the fused epilogue (vectorized)."""
+    micro-kernel; then bias and the fused epilogue (vectorized). None where neither reads the input's layout
+    (the plane kernel needs unit column stride) or writes the destination's (a channels-last destination:
+    only the channel-blocked form, per pixel along its channels)."""
     N, c = xref.shape[0], call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh * g.ow), None, c.offset))
+    cl = not c.contiguous  # (the caller checked: channels-last)
+    cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh * g.ow), None if not cl else (
+        c.strides[0], 1, g.ci), c.offset))
     trivial = call.direct and bref is None
     plan = plan_dwc(g, N, call.target, call.threads)
     ws = call.workspace
@@ -400,9 +422,11 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
         wpk = call.packed(pack_dwc(w2, plan))
         wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
         wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-        f = dwc_func(plan, x, wp, cb, wsb, not trivial, fresh=call.names)
-        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial, ws.size)
+        f = dwc_func(plan, x, wp, cb, wsb, not trivial or cl, fresh=call.names, channels_last=cl)
+        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, ws.size, channels_last=cl)
         extra = {wsb.name: ws.base()}
+    elif cl or xref.strides[-1] != 1:
+        return None
     else:
         wpk = call.packed(w2)
         wt = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
@@ -418,13 +442,13 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
 
 @functools.lru_cache(maxsize=256)
 def _verify_dwc_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
-                     ws_floats: int, pool_max: bool = False) -> None:
+                     ws_floats: int, pool_max: bool = False, channels_last: bool = False) -> None:
     """verify_func on the channel-blocked depthwise loop IR of ``plan`` (a convolution's, or a pool's)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max))
+    verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max, channels_last=channels_last))
 
 
 @functools.lru_cache(maxsize=256)

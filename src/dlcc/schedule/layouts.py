@@ -1,0 +1,295 @@
+"""Layout assignment of the schedule stage: channels-last buffers where that removes a layout change.
+
+What goes in: a kernel-IR ``Program`` (after the 1x1 -> depthwise merge, before workspace and memory planning),
+the ``Target`` and the thread count. What comes out: the same program where some rank-4 (N, C, H, W) buffers
+are stored channels-last (NHWC memory: element strides (H*W*C, 1, W*C, C)) and the kernels that only changed a
+layout are gone. ``assign_layouts`` returns how many kernels it removed.
+
+A kernel that is one Transpose between NCHW and NHWC costs a pass over the tensor and a buffer; a model that
+keeps its activations in NHWC around NCHW convolutions (ConvNeXt's blocks, graphs exported from channels-last
+frameworks) has one beside every convolution. The kernels around it can often take the other layout instead:
+- the depthwise convolution's channel-blocked kernel repacks its input per block (``nchwc_``) and stores its
+  output through its epilogue: from a channels-last input each pixel's channels are one vector load, and into a
+  channels-last output each pixel's channels are one vector store (the tile kept pixel-major, no transpose);
+- the blocked direct and Winograd convolutions repack their input the same way, and the direct one's tiles
+  store pixel-major just as well (``dconvp_``);
+- a loop step reads every operand through its strides and runs in its destination's memory order.
+
+Rules, applied until none applies (each keeps every element's value; only where it is stored changes):
+1. NCHW -> NHWC Transpose kernel whose input X only it reads, X written by a loop step, a depthwise
+   convolution's channel-blocked kernel or a blocked direct convolution (not Winograd: its output transform
+   stores channel-major): X becomes a channels-last view of the Transpose's output (a graph output too), whose
+   writer stores into it; the Transpose kernel goes.
+2. NHWC -> NCHW Transpose kernel whose output Y is read only by kernels that take channels-last (loop steps;
+   convolutions whose kernel repacks their input, reading Y as that input): Y becomes a channels-last view of
+   the Transpose's input; the Transpose kernel goes.
+3. A loop step that transposes an NHWC buffer into its NCHW result Z (ConvNeXt's layer scale and residual add),
+   Z read only by kernels that take channels-last: Z is stored channels-last, and the step then runs as an
+   elementwise one over memory in order.
+Graph inputs and outputs keep their layout; a buffer that another buffer views is left alone.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from dlcc.lower.kir import Buffer, Kernel, Program, Step
+from dlcc.schedule.dwconv import plan_dwc
+from dlcc.schedule.pwdw import _dims, depthwise_geometry
+from dlcc.schedule.target import Target
+from dlcc.schedule.workspace import blocked_conv_form
+
+__all__ = ["assign_layouts", "channels_last_strides"]
+
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of an (N, C, H, W) tensor stored as NHWC."""
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def _perm(node: ir.Node) -> tuple[int, ...] | None:
+    a = node.attributes.get("perm")
+    return tuple(int(v) for v in a.value) if a is not None else None
+
+
+class _Layouts:
+    def __init__(self, p: Program, target: Target, threads: int):
+        self.p, self.target, self.threads = p, target, threads
+        self.removed = 0
+
+    # ---------------------------------------------------------------------------------------------- facts
+    def readers(self, bid: int) -> list[Kernel]:
+        return [k for k in self.p.kernels if bid in k.reads]
+
+    def writers(self, bid: int) -> list[Kernel]:
+        return [k for k in self.p.kernels if bid in k.writes]
+
+    def family(self, bid: int) -> list[int] | None:
+        """Buffer ``bid`` (a temp root of rank 4, float32, row-major, not a graph output) and the views that are
+        all of it (an elementwise kernel writing its result over its input: ``lower``'s in place), which change
+        layout together; None where something else views it (a Reshape, a slice)."""
+        b = self.p.buffers[bid]
+        if (b.kind != "temp" or b.dtype != "float32" or len(b.shape) != 4 or not b.contiguous
+                or bid in self.p.outputs):
+            return None
+        members = [bid]
+        for o in self.p.buffers.values():
+            if o.kind != "view" or self.p.root(o.id).id != bid:
+                continue
+            if o.offset or o.shape != b.shape or o.strides != b.strides or o.id in self.p.outputs:
+                return None
+            members.append(o.id)
+        return members
+
+    def values_of(self, bids: list[int]) -> set[ir.Value]:
+        return {v for v, b in self.p.value_buffer.items() if b in bids}
+
+    def transpose_step(self, s: Step) -> tuple[int, int, tuple[int, ...]] | None:
+        """(input buffer, output buffer, perm) of a loop step that is one Transpose of a rank-4 buffer."""
+        if s.kind != "loop" or len(s.nodes) != 1:
+            return None
+        n = s.nodes[0]
+        if n.op_type != "Transpose" or n.domain not in ("", "ai.onnx") or n.inputs[0] not in self.p.value_buffer:
+            return None
+        perm = _perm(n)
+        if perm not in (TO_NHWC, TO_NCHW) or s.outputs != [n.outputs[0]] or n.outputs[0] not in self.p.value_buffer:
+            return None
+        return self.p.value_buffer[n.inputs[0]], self.p.value_buffer[n.outputs[0]], perm
+
+    def reading_steps(self, bids: list[int]) -> list[Step]:
+        """The steps that read any of these buffers (copies included; in the kernel that writes one, too)."""
+        vals = self.values_of(bids)
+        out: list[Step] = []
+        for k in {id(k): k for b in bids for k in (*self.readers(b), *self.writers(b))}.values():
+            for s in k.steps:
+                if (s.kind == "copy" and any(b in s.copy[1:] for b in bids)) or any(
+                        v in vals for n in s.nodes for v in n.inputs):
+                    out.append(s)
+        return out
+
+    def repacking_conv(self, node: ir.Node) -> bool:
+        """Does the kernel of this Conv repack its input (any strides, channels-last included)? The channel-blocked
+        depthwise kernel, and the blocked direct and Winograd ones (``conv`` template's order)."""
+        geo = depthwise_geometry(self.p, node)
+        if geo is not None:
+            return plan_dwc(geo[0], geo[1], self.target, self.threads) is not None
+        return self.conv_form(node) is not None
+
+    def conv_form(self, node: ir.Node) -> str | None:
+        """"winograd" or "direct": the group-1 Conv kernels that repack their input (``workspace``), else None."""
+        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            return None
+        form = blocked_conv_form(node, self.p.is_constant, self.target, self.threads)
+        return form[0] if form is not None else None
+
+    def takes_channels_last(self, bids: list[int], but: Step | None = None) -> bool:
+        """Does every step reading these buffers (but ``but``) read them right stored channels-last, at no loss?
+        Loop steps, and Conv kernels that repack their input, reading them as that input only."""
+        vals = self.values_of(bids)
+        for s in self.reading_steps(bids):
+            if s is but or s.kind == "loop":
+                continue
+            if s.kind != "template" or s.producer is not None or s.anchor is None:
+                return False
+            if [n for n in s.nodes if any(v in vals for v in n.inputs)] != [s.anchor]:
+                return False
+            if s.anchor.inputs[0] not in vals or any(v in vals for v in s.anchor.inputs[1:]):
+                return False
+            if not self.repacking_conv(s.anchor):
+                return False
+        return True
+
+    def writes_channels_last(self, bids: list[int], but: Step | None = None) -> list[Step] | None:
+        """The steps writing these buffers (but ``but``) when each can store channels-last: loop steps, the
+        depthwise convolutions' channel-blocked kernels and the blocked direct ones, whose result (their
+        epilogue's end) is the buffer."""
+        out: list[Step] = []
+        for bid in bids:
+            for k in self.writers(bid):
+                for s in k.steps:
+                    if s is but:
+                        continue
+                    if s.kind == "copy":
+                        if s.copy[0] == bid:
+                            return None
+                        continue
+                    if not s.outputs or self.p.value_buffer.get(s.outputs[0]) != bid:
+                        continue
+                    if s.kind != "loop":
+                        if s.kind != "template" or s.producer is not None or s.scratch is not None or s.anchor is None:
+                            return None
+                        geo = depthwise_geometry(self.p, s.anchor)
+                        dwc = geo is not None and plan_dwc(geo[0], geo[1], self.target, self.threads) is not None
+                        if not dwc and self.conv_form(s.anchor) != "direct":
+                            return None
+                    out.append(s)
+        return out
+
+    # ---------------------------------------------------------------------------------------------- rules
+    def drop(self, k: Kernel, s: Step, y: int) -> None:
+        """Remove Transpose step ``s`` (of kernel ``k``; its output buffer ``y`` now a view or viewed), and its
+        kernel when nothing is left of it."""
+        self.removed += 1
+        k.steps = [o for o in k.steps if o is not s]
+        if k.steps:
+            k.nodes = [n for n in k.nodes if n not in s.nodes]
+            k.writes = [b for b in k.writes if b != y]
+            return
+        self.p.kernels = [o for o in self.p.kernels if o is not k]
+        for n, o in enumerate(self.p.kernels):
+            o.id = n
+
+    def relayout(self, bids: list[int], base: int | None, writers: list[Step]) -> None:
+        """Store these buffers channels-last: as views of ``base`` (which then holds them), or in place."""
+        for bid in bids:
+            b = self.p.buffers[bid]
+            strides = channels_last_strides(b.shape)
+            if base is not None:
+                self.p.buffers[bid] = Buffer(bid, "view", b.dtype, b.shape, b.name, base=base, offset=0,
+                                             strides=strides)
+            else:
+                b.strides = strides
+        for s in writers:
+            if s.kind == "template":
+                s.channels_last = True
+
+    def into_producer(self, k: Kernel) -> bool:
+        """Rule 1 (module docstring)."""
+        for s in k.steps:
+            t = self.transpose_step(s)
+            if t is None or t[2] != TO_NHWC:
+                continue
+            x, y, _ = t
+            xs, yb = self.family(x), self.p.buffers[y]
+            if xs is None or len(xs) != 1 or self.reading_steps(xs) != [s]:
+                continue
+            if yb.kind not in ("temp", "output") or not yb.contiguous or any(
+                    o.kind == "view" and o.base == y for o in self.p.buffers.values()):
+                continue
+            writers = self.writes_channels_last(xs)
+            if not writers:
+                continue
+            self.relayout(xs, y, writers)
+            self.drop(k, s, y)
+            return True
+        return False
+
+    def into_consumers(self, k: Kernel) -> bool:
+        """Rule 2 (module docstring)."""
+        for s in k.steps:
+            t = self.transpose_step(s)
+            if t is None or t[2] != TO_NCHW:
+                continue
+            x, y, _ = t
+            xb, ys = self.p.buffers[x], self.family(y)
+            if ys is None or xb.kind not in ("temp", "input") or not xb.contiguous or xb.dtype != "float32":
+                continue
+            writers = self.writes_channels_last(ys, but=s)
+            if writers is None or not self.takes_channels_last(ys, but=s):
+                continue
+            self.relayout(ys, x, writers)
+            self.drop(k, s, y)
+            return True
+        return False
+
+    def step_output(self, k: Kernel) -> bool:
+        """Rule 3 (module docstring)."""
+        changed = False
+        for s in k.steps:
+            if s.kind != "loop" or not s.outputs or s.outputs[0] not in self.p.value_buffer:
+                continue
+            z = self.p.value_buffer[s.outputs[0]]
+            zs = self.family(self.p.root(z).id)
+            if zs is None or not self._transposes_nhwc(s, self.p.buffers[z].shape):
+                continue
+            writers = self.writes_channels_last(zs)
+            if writers is None or not self.takes_channels_last(zs):
+                continue
+            self.relayout(zs, None, writers)
+            changed = True
+        return changed
+
+    def _inlined(self, v: ir.Value) -> list[ir.Node]:
+        """The nodes a loop step's element expression of ``v`` computes: its producer, and theirs up to buffers."""
+        out: list[ir.Node] = []
+        todo, seen = [v], set()
+        while todo:
+            n = todo.pop().producer()
+            if n is None or n in seen:
+                continue
+            seen.add(n)
+            out.append(n)
+            todo += [i for i in n.inputs
+                     if i is not None and i not in self.p.value_buffer and not self.p.is_constant(i)]
+        return out
+
+    def _transposes_nhwc(self, s: Step, shape: tuple[int, ...]) -> bool:
+        """Does loop step ``s`` transpose a row-major NHWC buffer into its result of ``shape``?"""
+        for n in self._inlined(s.outputs[0]):
+            if n.op_type == "Transpose" and _perm(n) == TO_NCHW and n.inputs[0] in self.p.value_buffer:
+                src = self.p.buffers[self.p.value_buffer[n.inputs[0]]]
+                if src.contiguous and _dims(n.outputs[0]) == shape:
+                    return True
+        return False
+
+    def run(self) -> int:
+        changed = True
+        while changed:
+            changed = False
+            for rule in (self.into_consumers, self.into_producer, self.step_output):
+                for k in list(self.p.kernels):
+                    if k in self.p.kernels and rule(k):
+                        changed = True
+        return self.removed
+
+
+def assign_layouts(p: Program, target: Target, threads: int) -> int:
+    """Store buffers channels-last where that removes a layout change (module docstring); the kernels removed."""
+    if target.lanes < 4:  # (the channel-blocked kernels that read and write channels-last need vectors)
+        return 0
+    return _Layouts(p, target, threads).run()
+
