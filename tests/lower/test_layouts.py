@@ -277,3 +277,54 @@ def test_nhwc_graph_around_a_convolution(kind, out_nhwc, extra, transposes, thre
     for name, r in ref.items():
         assert_close(got[name], r, 1e-4, 1e-6)
         assert_close(back[name], r, 1e-4, 1e-6)
+
+
+def _bottlenecks(c=64, h=28, blocks=2, n=1, seed=0):
+    """ResNet bottlenecks (1x1 c -> c/4, 5x5 (direct, where a 3x3 could take Winograd), 1x1 -> c plus the
+    residual, Relu; rows of at most 16 pixels, where every 1x1 convolution takes the direct kernel), then a global
+    average pool."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [_w(rng, "stem_w", c, 3, 3, 3), _w(rng, "stem_b", c)], []
+    nodes.append(helper.make_node("Conv", ["x", "stem_w", "stem_b"], ["s"], kernel_shape=[3, 3], pads=[1] * 4))
+    nodes.append(helper.make_node("Relu", ["s"], ["x0"]))
+    x, m = "x0", c // 4
+    for i in range(blocks):
+        t = f"b{i}_"
+        inits += [_w(rng, t + "w1", m, c, 1, 1), _w(rng, t + "b1", m), _w(rng, t + "w2", m, m, 5, 5),
+                  _w(rng, t + "b2", m), _w(rng, t + "w3", c, m, 1, 1), _w(rng, t + "b3", c)]
+        nodes += [helper.make_node("Conv", [x, t + "w1", t + "b1"], [t + "c1"]),
+                  helper.make_node("Relu", [t + "c1"], [t + "r1"]),
+                  helper.make_node("Conv", [t + "r1", t + "w2", t + "b2"], [t + "c2"], kernel_shape=[5, 5],
+                                   pads=[2] * 4),
+                  helper.make_node("Relu", [t + "c2"], [t + "r2"]),
+                  helper.make_node("Conv", [t + "r2", t + "w3", t + "b3"], [t + "c3"]),
+                  helper.make_node("Add", [t + "c3", x], [t + "a"]),
+                  helper.make_node("Relu", [t + "a"], [t + "out"])]
+        x = t + "out"
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["y"]))
+    graph = helper.make_graph(nodes, "bottlenecks",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, c, 1, 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {
+        "x": rng.standard_normal((n, 3, h, h)).astype(np.float32)}
+
+
+def _channels_last(cm) -> int:
+    p = cm.artifacts.program
+    return sum(1 for b in p.buffers.values()
+               if len(b.shape) == 4 and b.shape[1] > 1 and b.strides == layouts.channels_last_strides(b.shape))
+
+
+@pytest.mark.parametrize("c,h,n,threads", [(128, 14, 1, 1), (128, 14, 2, 2), (256, 14, 1, 2), (48, 12, 1, 1),
+                                           (256, 7, 1, 1)])
+def test_bottleneck_trunk_channels_last(c, h, n, threads):
+    """Rule 4: the convolutions' outputs and the residual sums between them are channels-last (the last sum, which
+    the global pool reads, stays NCHW); outputs match onnxruntime and the interpreter."""
+    m, feeds = _bottlenecks(c, h, 2, n)
+    ref = _ort(m, feeds)["y"]
+    cm = dlcc.compile(m, threads=threads)
+    assert _channels_last(cm) >= 3 and "dlcc_uk_dconvp_" in cm.artifacts.csource.source
+    assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
+    art = cm.artifacts
+    assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
+    assert _channels_last(_plain(m, threads=threads)) == 0
