@@ -71,3 +71,40 @@ def test_report_compiled_has_the_charts(cli, residual_path: Path, tmp_path: Path
     plain = tmp_path / "plain.html"
     assert cli("report", residual_path, "-o", plain)[0] == 0
     assert "kbar" not in plain.read_text()
+
+
+def test_profile_says_what_the_layout_assignment_did(cli, tmp_path: Path) -> None:
+    """A graph kept in NHWC around a convolution: ``--profile`` (model and bundle) and ``dlcc report --compiled``
+    say how many buffers are channels-last and how many Transposes went; a model without any says nothing."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "lower"))
+    from test_layouts import _nhwc_graph
+
+    path = tmp_path / "nhwc.onnx"
+    onnx.save(_nhwc_graph("direct", True, None)[0], path)
+    code, out, err = cli("run", path, "--profile", "--bench", "2")
+    assert code == 0, err
+    assert re.search(r"layouts: 2 buffers stored channels-last, 2 NCHW <-> NHWC Transposes removed, 0 left", out)
+    bundle = tmp_path / "b"
+    assert cli("compile", path, "-o", bundle)[0] == 0
+    figures = json.loads((bundle / "model.json").read_text())["figures"]
+    assert figures["layouts"] == {"channels_last_buffers": 2, "transposes_removed": 2, "transposes_left": 0}
+    code, out, err = cli("run", bundle, "--profile")
+    assert code == 0 and "2 NCHW <-> NHWC Transposes removed" in out
+    code, _, err = cli("report", path, "-o", tmp_path / "r.html", "--compiled")
+    assert code == 0, err
+    assert "Layout assignment: 2 buffers stored channels-last" in (tmp_path / "r.html").read_text()
+    pool = tmp_path / "pool.onnx"
+    onnx.save(_nhwc_graph("direct", True, "pool")[0], pool)
+    code, out, err = cli("run", pool, "--profile", "--bench", "2")
+    assert code == 0 and re.search(r"1 NCHW <-> NHWC Transpose removed, 1 left", out)
+
+
+def test_no_layout_line_without_layout_changes(cli, tmp_path: Path) -> None:
+    from dlcc.testing.models import mlp
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp(batch=4, in_features=64, hidden=(64,), out_features=16), path)
+    code, out, err = cli("run", path, "--profile", "--bench", "2")
+    assert code == 0 and "layouts:" not in out

@@ -275,7 +275,7 @@ def _bundle_kernels(path: Path, manifest: dict) -> list[dict]:
     return kernels
 
 
-def _print_profile(kernels: list[dict], seconds, runs: int, threads: int) -> None:
+def _print_profile(kernels: list[dict], seconds, runs: int, threads: int, layouts: dict | None = None) -> None:
     """The per-kernel table of ``dlcc run --profile``, slowest first, with a total line."""
     from dlcc.build.probe import fma_peak
     from dlcc.build.profile import profile_rows
@@ -313,6 +313,10 @@ def _print_profile(kernels: list[dict], seconds, runs: int, threads: int) -> Non
         _out.print(f"peak: {peak.gflops:.1f} GFLOP/s float32 FMA per core (measured: {peak.accumulators} x "
                    f"{peak.vector_bytes}-byte vectors, {peak.cpu}); {threads} thread{'s' * (threads != 1)}: "
                    f"% peak = GFLOP/s / ({peak.gflops:.1f} x {threads})", markup=False)
+    from dlcc.schedule.layouts import describe_layouts
+
+    if describe_layouts(layouts):
+        _out.print(f"layouts: {describe_layouts(layouts)}", markup=False)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -334,6 +338,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.profile:  # the bundle's profiled runs (best of --bench, default PROFILE_RUNS)
             kernels = _bundle_kernels(target, manifest)
             threads = manifest.get("figures", {}).get("threads", 1)
+            layouts = manifest.get("figures", {}).get("layouts")
         with _progress(f"running {target}"):
             outs, latency, seconds = _run_bundle(target, feeds, (bench or PROFILE_RUNS) if args.profile else bench,
                                                  profile=args.profile, threads=args.threads)
@@ -365,8 +370,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not target.is_dir():
             with _progress("profiling"):
                 seconds = cm.profile(feeds, runs=bench or PROFILE_RUNS)
-            kernels, threads = cm.info["per_kernel"], cm.info.get("threads", 1)
-        _print_profile(kernels, seconds, bench or PROFILE_RUNS, threads)
+            kernels, threads, layouts = cm.info["per_kernel"], cm.info.get("threads", 1), cm.info.get("layouts")
+        _print_profile(kernels, seconds, bench or PROFILE_RUNS, threads, layouts)
     if args.save:
         out_dir = Path(args.save)
         if not out_dir.is_dir():

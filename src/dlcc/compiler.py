@@ -61,7 +61,14 @@ class Artifacts:
             "threads": self.threads,
             "timings": dict(self.timings),
             "per_kernel": _kernel_figures(self.program),  # [{id, ops, flops, bytes}] in call order: --profile
+            "layouts": _layout_figures(self.program),  # channels-last buffers, Transposes removed and left
         }
+
+
+def _layout_figures(program) -> dict:
+    from dlcc.schedule.layouts import layout_figures
+
+    return layout_figures(program)
 
 
 def _kernel_figures(program) -> list[dict]:
@@ -237,8 +244,9 @@ BACKEND: list[tuple[str, Callable[[_Build], None]]] = [
     # kernel IR: one loop-nest kernel per group, views for reshape-like ops, epilogues in their template
     ("lower", _lower),
     # per target and thread count: 1x1 convolutions merged into the depthwise convolution that reads them
-    # (schedule.pwdw), then the scratch each kernel asks for (packed GEMM panels), declared before memory
-    # planning so the arena holds it
+    # (schedule.pwdw), buffers stored channels-last where that removes a layout change (schedule.layouts),
+    # then the scratch each kernel asks for (packed GEMM panels), declared before memory planning so the
+    # arena holds it
     ("schedule", _schedule),
     # one arena for every temporary, checked against the size limit before codegen copies the weights
     ("memory", _memory),

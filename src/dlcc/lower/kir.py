@@ -123,6 +123,7 @@ class Program:
     output_names: list[str] = field(default_factory=list)
     consts: dict[ir.Value, np.ndarray] = field(default_factory=dict)
     opset: dict[str, int] = field(default_factory=dict)
+    transposes_removed: int = 0  # Transpose steps the schedule stage's layout assignment made unnecessary
 
     def is_constant(self, v: ir.Value | None) -> bool:
         """Is ``v`` a compile-time constant (a folded value, an initializer, or a weight buffer)?"""

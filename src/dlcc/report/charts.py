@@ -56,6 +56,7 @@ class CompiledFigures:
     arena_bytes: int
     lower_bound: int
     merged: int = 0  # 1x1 convolutions run inside the depthwise kernel that reads them: kernels fewer than planned
+    layouts: dict | None = None  # schedule.layouts.layout_figures: channels-last buffers, Transposes removed/left
 
 
 def _esc(text: object) -> str:
@@ -217,6 +218,10 @@ def compiled_section(fig: CompiledFigures) -> str:
         summary += (f" {fig.merged} 1x1 convolution{'s' * (fig.merged != 1)} run inside the depthwise kernel that "
                     f"reads {'them' if fig.merged != 1 else 'it'}, so there are {fig.merged} kernels "
                     "fewer than the fusion plan's.")
+    from dlcc.schedule.layouts import describe_layouts
+
+    if describe_layouts(fig.layouts):
+        summary += f" Layout assignment: {describe_layouts(fig.layouts)}."
     return "\n".join([
         "<h2>Time per kernel</h2>",
         f"<p>{_esc(summary)} Bars in call order; hover a bar for FLOPs and bytes.</p>",
@@ -239,4 +244,5 @@ def compiled_figures(compiled, seconds: Sequence[float], runs: int, peak_gflops:
     return CompiledFigures(profile_rows(compiled.info["per_kernel"], list(seconds)), runs, peak_gflops,
                            int(compiled.info.get("threads", 1)), live, top, art.memory.arena_bytes,
                            art.memory.lower_bound,
-                           sum(s.producer is not None for k in art.program.kernels for s in k.steps))
+                           sum(s.producer is not None for k in art.program.kernels for s in k.steps),
+                           compiled.info.get("layouts"))

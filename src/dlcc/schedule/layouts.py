@@ -43,10 +43,10 @@ from dlcc.lower.kir import Buffer, Kernel, Program, Step
 from dlcc.schedule.direct import plan_direct
 from dlcc.schedule.dwconv import plan_dwc
 from dlcc.schedule.pwdw import _dims, depthwise_geometry
-from dlcc.schedule.target import Target
+from dlcc.schedule.target import Target, get_target
 from dlcc.schedule.workspace import blocked_conv_form
 
-__all__ = ["assign_layouts", "channels_last_strides"]
+__all__ = ["assign_layouts", "channels_last_strides", "describe_layouts", "layout_figures"]
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -370,8 +370,31 @@ class _Layouts:
 
 
 def assign_layouts(p: Program, target: Target, threads: int) -> int:
-    """Store buffers channels-last where that removes a layout change (module docstring); the kernels removed."""
+    """Store buffers channels-last where that removes a layout change (module docstring); returns (and adds to
+    ``p.transposes_removed``) the Transpose steps removed."""
     if target.lanes < 4:  # (the channel-blocked kernels that read and write channels-last need vectors)
         return 0
-    return _Layouts(p, target, threads).run()
+    removed = _Layouts(p, target, threads).run()
+    p.transposes_removed += removed
+    return removed
+
+
+def layout_figures(p: Program) -> dict[str, int]:
+    """What ``dlcc run --profile`` and ``dlcc report`` say of the layouts: buffers stored channels-last, the
+    Transpose steps the assignment removed, and the layout changes left (steps that only transpose a rank-4
+    buffer between NCHW and NHWC)."""
+    rules = _Layouts(p, get_target("generic"), 1)
+    left = sum(1 for k in p.kernels for s in k.steps if rules.transpose_step(s) is not None)
+    cl = sum(1 for b in p.buffers.values() if len(b.shape) == 4 and b.shape[1] > 1 and not b.contiguous
+             and b.strides == channels_last_strides(b.shape))
+    return {"channels_last_buffers": cl, "transposes_removed": p.transposes_removed, "transposes_left": left}
+
+
+def describe_layouts(fig: dict | None) -> str:
+    """One sentence of ``layout_figures``, or "" when there is nothing to say."""
+    if not fig or not any(fig.values()):
+        return ""
+    n, r, left = fig["channels_last_buffers"], fig["transposes_removed"], fig["transposes_left"]
+    return (f"{n} buffer{'s' * (n != 1)} stored channels-last, {r} NCHW <-> NHWC Transpose"
+            f"{'s' * (r != 1)} removed, {left} left")
 
