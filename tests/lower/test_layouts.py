@@ -328,3 +328,50 @@ def test_bottleneck_trunk_channels_last(c, h, n, threads):
     art = cm.artifacts
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
     assert _channels_last(_plain(m, threads=threads)) == 0
+
+
+def _dense_block(c=32, g=16, layers=3, h=14, seed=0):
+    """DenseNet-style layers: BN (as Mul + Add) + Relu -> 1x1 -> BN + Relu -> 3x3 (5x5 here: direct) -> Concat
+    with everything before, the next layer's BN over the Concat; then a 1x1 transition."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [_w(rng, "stem_w", c, 3, 3, 3)], []
+    nodes.append(helper.make_node("Conv", ["x", "stem_w"], ["f0"], kernel_shape=[3, 3], pads=[1] * 4))
+    feats, ch = "f0", c
+    for i in range(layers):
+        t = f"l{i}_"
+        inits += [onnx.numpy_helper.from_array((1 + 0.1 * rng.standard_normal((ch, 1, 1))).astype(np.float32), t + "s"),
+                  onnx.numpy_helper.from_array((0.1 * rng.standard_normal((ch, 1, 1))).astype(np.float32), t + "b"),
+                  _w(rng, t + "w1", 4 * g, ch, 1, 1), _w(rng, t + "w2", g, 4 * g, 5, 5)]
+        nodes += [helper.make_node("Mul", [feats, t + "s"], [t + "m"]), helper.make_node("Add", [t + "m", t + "b"],
+                                                                                          [t + "a"]),
+                  helper.make_node("Relu", [t + "a"], [t + "r"]),
+                  helper.make_node("Conv", [t + "r", t + "w1"], [t + "c1"]),
+                  helper.make_node("Relu", [t + "c1"], [t + "r1"]),
+                  helper.make_node("Conv", [t + "r1", t + "w2"], [t + "c2"], kernel_shape=[5, 5], pads=[2] * 4),
+                  helper.make_node("Concat", [feats, t + "c2"], [t + "cat"], axis=1)]
+        feats, ch = t + "cat", ch + g
+    inits.append(_w(rng, "tw", c, ch, 1, 1))
+    nodes.append(helper.make_node("Conv", [feats, "tw"], ["y"]))
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, h, h])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {
+        "x": rng.standard_normal((1, 3, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dense_block_with_concats(threads):
+    """Concats in the trunk: a loop step that picks each element's source by its channel is never written
+    channels-last, and nothing reads an NCHW tensor in channels-last order; outputs match."""
+    m, feeds = _dense_block()
+    ref = _ort(m, feeds)["y"]
+    cm = dlcc.compile(m, threads=threads)
+    p = cm.artifacts.program
+    for k in p.kernels:
+        for s in k.steps:
+            if s.kind == "loop" and s.outputs and s.outputs[0] in p.value_buffer:
+                rules = layouts._Layouts(p, get_target(), 1)
+                if not all(rules._elementwise(n) for n in rules._inlined(s.outputs[0])):
+                    assert not rules.channels_last(p.root(p.value_buffer[s.outputs[0]]).id)
+    assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
+    art = cm.artifacts
+    assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)

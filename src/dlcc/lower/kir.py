@@ -167,6 +167,16 @@ def verify_program(p: Program) -> None:
                 raise PassError(f"kernel IR: view {b.id} is {b.dtype} but its base is {base.dtype}")
     for k in p.kernels:
         own = set(k.writes) | {p.root(b).id for b in k.writes}
+        # every buffer its nodes read and its steps do not compute is among its reads (liveness and the memory
+        # plan know a kernel's buffers from its reads and writes only)
+        computed = {v for s in k.steps for v in s.outputs}
+        listed = {p.root(b).id for b in (*k.reads, *k.writes)}
+        for n in k.nodes:
+            for v in n.inputs:
+                if v is not None and v in p.value_buffer and v not in computed and \
+                        p.root(p.value_buffer[v]).id not in listed:
+                    raise PassError(f"kernel IR: kernel {k.id} reads buffer {p.value_buffer[v]} ('{v.name}') "
+                                    "without listing it")
         for bid in k.reads:
             root = p.root(bid).id
             if bid not in avail and root not in avail and bid not in own and root not in own:

@@ -332,6 +332,10 @@ def _concat_in_place(p: Program) -> None:
                 k.reads.remove(bid)
             k.steps.remove(step)
             k.writes.remove(out.id)
+            # the kernel's other steps that read the Concat's result now read what earlier kernels wrote into it
+            # (without this read its liveness began after them, and a later workspace could reuse its bytes)
+            if any(node.outputs[0] in n.inputs for n in k.nodes if n is not node) and out.id not in k.reads:
+                k.reads.append(out.id)
     p.kernels = [k for k in p.kernels if k.steps]
     for i, k in enumerate(p.kernels):
         k.id = i
