@@ -148,6 +148,12 @@ def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarra
     written: set[ir.Value] = set()
     for k in program.kernels:
         env: dict = {}
+        # a kernel's scratch (workspace, accumulators) is overwritten by it: NaN here, so that a memory plan that
+        # let scratch share bytes with a buffer still live shows in the results
+        for step in k.steps:
+            for bid in (step.workspace, step.scratch):
+                if bid is not None and bid in roots:
+                    roots[bid][...] = np.nan
         for step in k.steps:
             if step.kind == "copy":
                 dst, src = step.copy
