@@ -54,7 +54,7 @@ from dlcc.lower.kir import Buffer, Kernel, Program, Step
 from dlcc.lower.lir import Func, print_func, verify_func
 from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
-from dlcc.schedule.elementwise import map_func
+from dlcc.schedule.elementwise import inlined_nodes, map_func
 from dlcc.schedule.target import Target, get_target
 
 __all__ = ["ALIGN", "CSource", "generate"]
@@ -277,16 +277,7 @@ TRANSPOSE_TILE = 16  # elements per side of a transposing loop step's tiles (16 
 
 def _inlined(v: ir.Value, gen: ExprGen) -> list[ir.Node]:
     """The nodes a loop step's element expression of ``v`` computes (its producer, and theirs up to buffers)."""
-    out: list[ir.Node] = []
-    todo, seen = [v], set()
-    while todo:
-        n = todo.pop().producer()
-        if n is None or n in seen:
-            continue
-        seen.add(n)
-        out.append(n)
-        todo += [i for i in n.inputs if i is not None and i not in gen.buffers and gen.const_of(i) is None]
-    return out
+    return inlined_nodes(v, lambda i: i in gen.buffers or gen.const_of(i) is not None)
 
 
 def _transpose_tile(nodes: list[ir.Node], shape: tuple[int, ...]) -> tuple[int, int, bool] | None:

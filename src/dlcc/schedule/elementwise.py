@@ -19,10 +19,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import onnx_ir as ir
+
 from dlcc.lower.lir import Bin, Const, Epilogue, Expr, For, Func, In, Stmt, Var, simplify
 from dlcc.schedule.loops import nest, numbered, share
 
-__all__ = ["map_func"]
+__all__ = ["inlined_nodes", "map_func"]
+
+
+def inlined_nodes(v: ir.Value, materialized: Callable[[ir.Value], bool]) -> list[ir.Node]:
+    """The nodes a loop step's element expression of ``v`` computes: its producer, and theirs up to the values
+    that are ``materialized`` (buffers, constants)."""
+    out: list[ir.Node] = []
+    todo, seen = [v], set()
+    while todo:
+        n = todo.pop().producer()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        out.append(n)
+        todo += [i for i in n.inputs if i is not None and not materialized(i)]
+    return out
 
 
 def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "map",

@@ -44,6 +44,7 @@ from dlcc.lower.kir import Buffer, Kernel, Program, Step
 from dlcc.ops.table import Kind, op_info
 from dlcc.schedule.direct import plan_direct
 from dlcc.schedule.dwconv import plan_dwc
+from dlcc.schedule.elementwise import inlined_nodes
 from dlcc.schedule.pwdw import _dims, depthwise_geometry
 from dlcc.schedule.target import Target, get_target
 from dlcc.schedule.workspace import blocked_conv_form
@@ -286,17 +287,7 @@ class _Layouts:
 
     def _inlined(self, v: ir.Value) -> list[ir.Node]:
         """The nodes a loop step's element expression of ``v`` computes: its producer, and theirs up to buffers."""
-        out: list[ir.Node] = []
-        todo, seen = [v], set()
-        while todo:
-            n = todo.pop().producer()
-            if n is None or n in seen:
-                continue
-            seen.add(n)
-            out.append(n)
-            todo += [i for i in n.inputs
-                     if i is not None and i not in self.p.value_buffer and not self.p.is_constant(i)]
-        return out
+        return inlined_nodes(v, lambda i: i in self.p.value_buffer or self.p.is_constant(i))
 
     def _transposes_nhwc(self, s: Step, shape: tuple[int, ...]) -> bool:
         """Does loop step ``s`` transpose a row-major NHWC buffer into its result of ``shape``?"""
