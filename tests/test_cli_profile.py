@@ -96,7 +96,7 @@ def test_profile_says_what_the_layout_assignment_did(cli, tmp_path: Path) -> Non
     assert code == 0, err
     assert "Layout assignment: 2 buffers stored channels-last" in (tmp_path / "r.html").read_text()
     pool = tmp_path / "pool.onnx"
-    onnx.save(_nhwc_graph("direct", True, "pool")[0], pool)
+    onnx.save(_nhwc_graph("direct", True, "pool", h=36)[0], pool)  # (a plane wider than 32: the pool reads NCHW)
     code, out, err = cli("run", pool, "--profile", "--bench", "2")
     assert code == 0 and re.search(r"1 NCHW <-> NHWC Transpose removed, 1 left", out)
 

@@ -260,12 +260,14 @@ def _nhwc_graph(kind="direct", out_nhwc=True, extra=None, n=1, c=24, h=12):
     ("direct", True, None, 0, 2),
     ("depthwise", True, None, 0, 2),
     ("direct", False, "add", 0, 1),  # a loop step reads the input channels-last too
-    ("direct", True, "pool", 1, 1),  # a MaxPool reads the NCHW input: that Transpose stays
+    ("direct", True, "pool", 0, 1),  # a MaxPool on a narrow plane repacks its input (channel-blocked) too
+    ("direct", True, "widepool", 1, 1),  # one on a plane wider than 32 (the plane kernel) reads NCHW: it stays
     ("winograd", True, None, 1, 1),  # the Winograd kernel writes NCHW only: the output's Transpose stays
 ])
 def test_nhwc_graph_around_a_convolution(kind, out_nhwc, extra, transposes, threads):
     big = kind == "winograd"
-    m, feeds = _nhwc_graph(kind, out_nhwc, extra, c=64 if big else 24, h=28 if big else 12)
+    h = 28 if big else 36 if extra == "widepool" else 12
+    m, feeds = _nhwc_graph(kind, out_nhwc, "pool" if extra == "widepool" else extra, c=64 if big else 24, h=h)
     ref = _ort(m, feeds)
     cm = dlcc.compile(m, threads=threads)
     assert _transposes(cm) == transposes

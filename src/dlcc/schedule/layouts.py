@@ -47,7 +47,7 @@ from dlcc.schedule.dwconv import plan_dwc
 from dlcc.schedule.elementwise import inlined_nodes
 from dlcc.schedule.pwdw import _dims, depthwise_geometry
 from dlcc.schedule.target import Target, get_target
-from dlcc.schedule.workspace import blocked_conv_form
+from dlcc.schedule.workspace import blocked_conv_form, node_workspace_bytes
 
 __all__ = ["assign_layouts", "channels_last_strides", "describe_layouts", "layout_figures"]
 
@@ -122,8 +122,13 @@ class _Layouts:
         return out
 
     def repacking_conv(self, node: ir.Node) -> bool:
-        """Does the kernel of this Conv repack its input (any strides, channels-last included)? The channel-blocked
-        depthwise kernel, and the blocked direct and Winograd ones (``conv`` template's order)."""
+        """Does the kernel of this Conv (or pool) repack its input (any strides, channels-last included)? The
+        channel-blocked depthwise kernel, the blocked direct and Winograd ones (``conv`` template's order), and
+        2-D MaxPool and AveragePool on planes up to POOL_BLOCKED_MAX_W wide (the channel-blocked form)."""
+        if node.op_type in ("MaxPool", "AveragePool") and node.domain in ("", "ai.onnx"):
+            if len([o for o in node.outputs if o is not None and o.name]) != 1:
+                return False  # (MaxPool's indices: the windowed kernel)
+            return node_workspace_bytes(node, self.p.is_constant, self.target, self.threads) > 0
         geo = depthwise_geometry(self.p, node)
         if geo is not None:
             return plan_dwc(geo[0], geo[1], self.target, self.threads) is not None

@@ -83,8 +83,10 @@ def pool(call: TemplateCall) -> str:
             raise TemplateError(f"{op}: output shape {call.out_shape} inconsistent with the attributes")
     g = PoolGeometry(tuple(ins), tuple(outs), tuple(ks), tuple(strides), tuple(dils), tuple(pb))
     counts = pool_counts(g, pe, bool(call.attr("count_include_pad", 0))) if op == "AveragePool" else None
-    if r == 2 and call.pack is not None and xref.strides[-1] == 1 and call.scratch.contiguous:
-        return _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
+    if r == 2 and call.pack is not None and (xref.strides[-1] == 1 or xref.channels_last) and call.scratch.contiguous:
+        pooled = _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
+        if pooled is not None:
+            return pooled
     return _windowed_pool(call, xref, g, counts)
 
 
@@ -124,7 +126,7 @@ def _verify_pool_func_once(g: PoolGeometry, shape: tuple[int, ...], x_strides: t
 
 
 def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks: list[int], strides: list[int],
-                       dils: list[int], pb: list[int], counts: list[list[int]] | None) -> str:
+                       dils: list[int], pb: list[int], counts: list[list[int]] | None) -> str | None:
     """A 2-D pool as a depthwise convolution of the loop IR (``schedule.dwconv``): channel-blocked on planes up to
     POOL_BLOCKED_MAX_W wide (when the workspace has room), else the plane kernel. AveragePool (``counts``): unit
     weights (the plane kernel's one row shared by every channel: channel stride 0), then the epilogue divides
@@ -156,6 +158,8 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
             return _pixel_store(call, None, [oh, ow], idx, f"{v} * {recip.ptr}[{idx[2]}]" if recip is not None else v)
 
         return call.emit(f, flat_store, {wsb.name: ws.base()})
+    if xref.strides[-1] != 1:  # (a channels-last input: the plane kernel reads rows with unit stride only)
+        return None
     ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
     wt = Buf(ones.ptr, "float32", Layout.strided((C, ks[0] * ks[1]), (0, 1)))
     cb = Buf(sref.ptr, "float32", Layout.strided((N, C, oh, ow), None, sref.offset))
