@@ -49,7 +49,7 @@ from dlcc.schedule.pwdw import _dims, depthwise_geometry
 from dlcc.schedule.target import Target, get_target
 from dlcc.schedule.workspace import blocked_conv_form, node_workspace_bytes
 
-__all__ = ["assign_layouts", "channels_last_strides", "describe_layouts", "layout_figures"]
+__all__ = ["assign_layouts", "channels_last_strides", "describe_layouts", "is_channels_last", "layout_figures"]
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -59,6 +59,11 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Element strides of an (N, C, H, W) tensor stored as NHWC."""
     n, c, h, w = shape
     return (h * w * c, 1, w * c, c)
+
+
+def is_channels_last(b: Buffer) -> bool:
+    """Is this buffer (or view) stored channels-last (and not also row-major, as with one channel)?"""
+    return len(b.shape) == 4 and not b.contiguous and b.strides == channels_last_strides(b.shape)
 
 
 def _perm(node: ir.Node) -> tuple[int, ...] | None:
@@ -129,10 +134,14 @@ class _Layouts:
             if len([o for o in node.outputs if o is not None and o.name]) != 1:
                 return False  # (MaxPool's indices: the windowed kernel)
             return node_workspace_bytes(node, self.p.is_constant, self.target, self.threads) > 0
-        geo = depthwise_geometry(self.p, node)
-        if geo is not None:
-            return plan_dwc(geo[0], geo[1], self.target, self.threads) is not None
+        if depthwise_geometry(self.p, node) is not None:
+            return self.blocked_depthwise(node)
         return self.conv_form(node) is not None
+
+    def blocked_depthwise(self, node: ir.Node) -> bool:
+        """Is this a depthwise Conv that runs as the channel-blocked kernel?"""
+        geo = depthwise_geometry(self.p, node)
+        return geo is not None and plan_dwc(geo[0], geo[1], self.target, self.threads) is not None
 
     def conv_form(self, node: ir.Node) -> str | None:
         """"winograd" or "direct": the group-1 Conv kernels that repack their input (``workspace``), else None."""
@@ -141,20 +150,34 @@ class _Layouts:
         form = blocked_conv_form(node, self.p.is_constant, self.target, self.threads)
         return form[0] if form is not None else None
 
-    def takes_channels_last(self, bids: list[int], but: Step | None = None) -> bool:
-        """Does every step reading these buffers (but ``but``) read them right stored channels-last, at no loss?
-        Loop steps, and Conv kernels that repack their input, reading them as that input only."""
+    def takes_channels_last(self, bids: list[int], but: Step | None = None, chosen: set[int] | None = None) -> bool:
+        """Does every step reading these buffers (but ``but``) read them right stored channels-last, at no loss? A
+        Conv (or pool) that repacks them as its input. Rules 2 and 3 (``chosen`` None): any loop step, and no
+        epilogue. Rule 4: a loop step or a template's epilogue only where its own result is channels-last as well
+        (read in the same order): a family in ``chosen`` (roots), or already so."""
         vals = self.values_of(bids)
+
+        def same_order(s: Step) -> bool:
+            if chosen is None or not s.outputs or s.outputs[0] not in self.p.value_buffer:
+                return False
+            out = self.p.root(self.p.value_buffer[s.outputs[0]]).id
+            return out in chosen or self.channels_last(out)
+
         for s in self.reading_steps(bids):
-            if s is but or s.kind == "loop":
+            if s is but:
                 continue
-            if s.kind != "template" or s.producer is not None or s.anchor is None:
+            if s.kind == "loop":
+                if chosen is not None and not same_order(s):
+                    return False
+                continue
+            if s.kind != "template" or s.anchor is None or s.producer is not None:
                 return False
-            if [n for n in s.nodes if any(v in vals for v in n.inputs)] != [s.anchor]:
+            a = s.anchor
+            if any(v in vals for v in a.inputs[1:]):
                 return False
-            if s.anchor.inputs[0] not in vals or any(v in vals for v in s.anchor.inputs[1:]):
+            if a.inputs[0] in vals and not self.repacking_conv(a):
                 return False
-            if not self.repacking_conv(s.anchor):
+            if any(v in vals for n in s.nodes if n is not a for v in n.inputs) and not same_order(s):
                 return False
         return True
 
@@ -177,9 +200,7 @@ class _Layouts:
                     if s.kind != "loop":
                         if s.kind != "template" or s.producer is not None or s.scratch is not None or s.anchor is None:
                             return None
-                        geo = depthwise_geometry(self.p, s.anchor)
-                        dwc = geo is not None and plan_dwc(geo[0], geo[1], self.target, self.threads) is not None
-                        if not dwc and not self.direct_writes_channels_last(s):
+                        if not self.blocked_depthwise(s.anchor) and not self.direct_writes_channels_last(s):
                             return None
                     out.append(s)
         return out
@@ -196,8 +217,8 @@ class _Layouts:
         form = blocked_conv_form(a, self.p.is_constant, self.target, self.threads)
         if form is None or form[0] != "direct":
             return False
-        shape = _dims(s.anchor.outputs[0])
-        operands = [v for n in s.nodes if n is not s.anchor for v in n.inputs
+        shape = _dims(a.outputs[0])
+        operands = [v for n in s.nodes if n is not a for v in n.inputs
                     if v in self.p.value_buffer and self.p.buffers[self.p.value_buffer[v]].shape == shape]
         if not operands:
             return True
@@ -304,8 +325,7 @@ class _Layouts:
         return False
 
     def channels_last(self, bid: int) -> bool:
-        b = self.p.buffers[bid]
-        return len(b.shape) == 4 and not b.contiguous and b.strides == channels_last_strides(b.shape)
+        return is_channels_last(self.p.buffers[bid])
 
     def trunk(self) -> bool:
         """Rule 4 (module docstring): the largest set of buffer families that can all be channels-last together."""
@@ -323,13 +343,14 @@ class _Layouts:
             changed = False
             for bid in sorted(chosen):
                 fam, writers = cands[bid]
-                if not self._accepts(fam, chosen) or not self._operands_follow(fam, writers, chosen):
+                if not self.takes_channels_last(fam, chosen=chosen) or not self._operands_follow(fam, writers, chosen):
                     chosen.discard(bid)
                     changed = True
         # (a family only loop steps write and read, with no convolution around, gains nothing)
         chosen = {b for b in chosen if self._touches_convolution(cands[b][0], cands[b][1])}
         for bid in sorted(chosen):
-            self.relayout(*cands[bid][0:1], None, cands[bid][1])
+            fam, writers = cands[bid]
+            self.relayout(fam, None, writers)
         return bool(chosen)
 
     def _operands_follow(self, fam: list[int], writers: list[Step], chosen: set[int]) -> bool:
@@ -372,31 +393,6 @@ class _Layouts:
             return True
         return any(s.kind == "template" for s in self.reading_steps(fam))
 
-    def _accepts(self, fam: list[int], chosen: set[int]) -> bool:
-        """Does every step reading ``fam`` take it channels-last, given that the families ``chosen`` (roots) are
-        channels-last too? A Conv that repacks it as its input; a loop step or a template's epilogue that reads
-        it as an operand of an element of a result that is channels-last as well (read in the same order)."""
-        vals = self.values_of(fam)
-        for s in self.reading_steps(fam):
-            if s.kind == "copy" or not s.outputs or s.outputs[0] not in self.p.value_buffer:
-                return False
-            out = self.p.root(self.p.value_buffer[s.outputs[0]]).id
-            same_order = out in chosen or self.channels_last(out)
-            if s.kind == "loop":
-                if not same_order:
-                    return False
-                continue
-            if s.kind != "template" or s.anchor is None or s.producer is not None:
-                return False
-            a = s.anchor
-            if any(v in vals for v in a.inputs[1:]):
-                return False
-            if a.inputs[0] in vals and not self.repacking_conv(a):
-                return False
-            if any(v in vals for n in s.nodes if n is not a for v in n.inputs) and not same_order:
-                return False
-        return True
-
     def run(self) -> int:
         changed = True
         trunk = True
@@ -428,8 +424,7 @@ def layout_figures(p: Program) -> dict[str, int]:
     buffer between NCHW and NHWC)."""
     rules = _Layouts(p, get_target("generic"), 1)
     left = sum(1 for k in p.kernels for s in k.steps if rules.transpose_step(s) is not None)
-    cl = sum(1 for b in p.buffers.values() if len(b.shape) == 4 and b.shape[1] > 1 and not b.contiguous
-             and b.strides == channels_last_strides(b.shape))
+    cl = sum(1 for b in p.buffers.values() if b.shape[1:2] != (1,) and is_channels_last(b))
     return {"channels_last_buffers": cl, "transposes_removed": p.transposes_removed, "transposes_left": left}
 
 

@@ -66,10 +66,8 @@ def _pointwise_conv_dims(node: ir.Node, is_const: Callable[[ir.Value], bool]) ->
     return ws[0], pixels, xs[1], xs[0]
 
 
-def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target,
-                      threads: int) -> tuple[str, ConvGeometry] | None:
-    """("winograd" | "direct", the geometry its plan takes) of a 2-D group-1 convolution with a weight that the
-    conv template runs as the Winograd or the blocked direct kernel (both repack their input), else None."""
+def _conv2d(node: ir.Node, is_const: Callable[[ir.Value], bool]) -> tuple[ConvGeometry, int, int] | None:
+    """(geometry without padding, output channels, images) of a 2-D group-1 Conv with a weight, else None."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     if x is None or w is None or x.shape is None or w.shape is None or y.shape is None or not is_const(w):
         return None
@@ -81,44 +79,45 @@ def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], targe
         return None
     sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
     dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
-    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
-    if not direct_pays(g, ws[0]):
+    return ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0), ws[0], xs[0]
+
+
+def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target,
+                      threads: int) -> tuple[str, ConvGeometry] | None:
+    """("winograd" | "direct", the geometry its plan takes) of a 2-D group-1 convolution with a weight that the
+    conv template runs as the Winograd or the blocked direct kernel (both repack their input), else None."""
+    conv = _conv2d(node, is_const)
+    if conv is None or not direct_pays(conv[0], conv[1]):
         return None
+    g, co, batch = conv
     try:
-        pb, _ = conv_pads(node_attr(node), "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
+        pb, _ = conv_pads(node_attr(node), "Conv", (g.h, g.w), (g.oh, g.ow), (g.kh, g.kw), [g.sh, g.sw],
+                          [g.dh, g.dw])
     except TemplateError:
         return None
     g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
-    return ("winograd" if use_winograd(g, ws[0], xs[0], target, threads) else "direct"), g
+    return ("winograd" if use_winograd(g, co, batch, target, threads) else "direct"), g
 
 
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
     """A 2-D group-1 convolution with a weight: the blocked direct kernel's repacked input
     (``schedule.direct``) or its im2col GEMM's panels (``schedule.gemm.plan_gemm_conv``)."""
-    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    if x is None or w is None or x.shape is None or w.shape is None or y.shape is None or not is_const(w):
+    conv = _conv2d(node, is_const)
+    if conv is None:
         return 0
-    xs, ws, ys = _shape(x), _shape(w), _shape(y)
-    if len(xs) != 4 or len(ws) != 4 or len(ys) != 4 or min(*xs, *ws, *ys) < 1:
-        return 0
-    attrs = {k: v.value for k, v in node.attributes.items()}
-    if int(attrs.get("group", 1)) != 1:
-        return 0
-    sh, sw = (int(v) for v in attrs.get("strides", [1, 1]))
-    dh, dw = (int(v) for v in attrs.get("dilations", [1, 1]))
-    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, 0, 0)
-    if direct_pays(g, ws[0]):
+    g, co, batch = conv
+    if direct_pays(g, co):
         form = blocked_conv_form(node, is_const, target, threads)
         if form is None:
             return 0
         if form[0] == "winograd":  # (which the template then takes)
-            return plan_winograd(ws[0], form[1], xs[0], target, threads).workspace_bytes
-        return plan_direct(ws[0], form[1], xs[0], target, threads).workspace_bytes
-    if not conv_gemm_pays(g, ws[0]):
+            return plan_winograd(co, form[1], batch, target, threads).workspace_bytes
+        return plan_direct(co, form[1], batch, target, threads).workspace_bytes
+    if not conv_gemm_pays(g, co):
         return 0
-    if ws[2] * ws[3] == 1 and (sh, sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:
+    if g.kh * g.kw == 1 and (g.sh, g.sw) == (1, 1) and g.ow > POINTWISE_ROWS_MAX_OW:
         return 0  # (a 1x1 stride-1 convolution with long rows takes pixels as columns)
-    return plan_gemm_conv(ws[0], g, xs[0], target, threads).workspace_bytes
+    return plan_gemm_conv(co, g, batch, target, threads).workspace_bytes
 
 
 def _rows_bytes(node: ir.Node, target: Target, threads: int) -> int:

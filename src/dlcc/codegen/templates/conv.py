@@ -467,15 +467,19 @@ def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], id
     n, co, p = idx
     val = f"{v} + {bref.at([co])}" if bref is not None else v
     name = p if re.fullmatch(r"\w+", p) else call.names("px")
-    text = _FLAT_AGAIN.sub(r"\1", call.store([n, co, *_unflat(name, outs)], val))
-    text = _FLAT_STRIDED.sub(lambda m: f"({m.group(1)})*{m.group(4)}" if int(m.group(3)) == int(m.group(2)) * int(
-        m.group(4)) else m.group(0), text)
+    text = _FLAT_AGAIN.sub(_flat_again, call.store([n, co, *_unflat(name, outs)], val))
     return text if name == p else f"{{ const int64_t {name} = {p}; {text} }}"
 
 
-_FLAT_AGAIN = re.compile(r"\(\((\w+)\) / (\d+)\)\*\2 \+ \(\(\1\) % \2\)")
-# (h*W + w)*C of a channels-last operand: (p / W)*(W*C) + (p % W)*C is p*C
-_FLAT_STRIDED = re.compile(r"\(\((\w+)\) / (\d+)\)\*(\d+) \+ \(\(\1\) % \2\)\*(\d+)")
+# (p / W)*(W*C) + (p % W)*C, the address of pixel p = h*W + w whose columns are C apart, is p*C (C = 1: p)
+_FLAT_AGAIN = re.compile(r"\(\((\w+)\) / (\d+)\)\*(\d+) \+ \(\(\1\) % \2\)(?:\*(\d+))?")
+
+
+def _flat_again(m: re.Match) -> str:
+    c = int(m.group(4) or 1)
+    if int(m.group(3)) != int(m.group(2)) * c:
+        return m.group(0)
+    return m.group(1) if m.group(4) is None else f"({m.group(1)})*{c}"
 
 
 @functools.lru_cache(maxsize=256)
