@@ -205,6 +205,7 @@ def _lower(b: _Build) -> None:
 
 def _schedule(b: _Build) -> None:
     from dlcc.lower.kir import verify_program
+    from dlcc.schedule.chscale import fold_channel_scales
     from dlcc.schedule.layouts import assign_layouts
     from dlcc.schedule.pwdw import fuse_pointwise_depthwise
     from dlcc.schedule.target import get_target
@@ -214,6 +215,8 @@ def _schedule(b: _Build) -> None:
     if fuse_pointwise_depthwise(b.program, target, b.threads):
         verify_program(b.program)
     if assign_layouts(b.program, target, b.threads):
+        verify_program(b.program)
+    if fold_channel_scales(b.program, target, b.threads):
         verify_program(b.program)
     declare_workspace(b.program, target, b.threads)
 

@@ -46,7 +46,7 @@ from dlcc.codegen.cbase import (
 from dlcc.codegen.cbase import sanitize_comment as _c
 from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
 from dlcc.codegen.lir_c import print_c
-from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, Producer, TemplateCall
+from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, InputScale, Producer, TemplateCall
 from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline
 from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
@@ -54,6 +54,7 @@ from dlcc.lower.kir import Buffer, Kernel, Program, Step
 from dlcc.lower.lir import Func, print_func, verify_func
 from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
+from dlcc.schedule.chscale import scale_operands
 from dlcc.schedule.elementwise import inlined_nodes, map_func
 from dlcc.schedule.target import Target, get_target
 
@@ -200,6 +201,25 @@ class _KernelGen:
             return stmts, expr
         return parts
 
+    @staticmethod
+    def _gate(g: ir.Value, gen: ExprGen) -> Callable[[str, str], str]:
+        """The C expression of factor ``g`` (rank <= 4, one value per image or for all, and per channel) of image
+        n's channel c."""
+        shape = value_shape(g)
+
+        def at(n: str, c: str) -> str:
+            full = [n, c, "0", "0"][4 - len(shape):]
+            idx = ["0" if d == 1 else i for d, i in zip(shape, full, strict=True)]
+            saved = gen._memo
+            gen._memo = {}
+            stmts: list[str] = []
+            try:
+                expr = gen.at(g, idx, stmts)
+            finally:
+                gen._memo = saved
+            return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
+        return at
+
     def template(self, step: Step, gen: ExprGen, names: Names) -> str:
         node = step.anchor
         end = step.outputs[0]
@@ -237,10 +257,15 @@ class _KernelGen:
 
             identity = bias is None and step.producer.outputs[0] is pn.outputs[0]
             producer = Producer(pn, pops, pchain, identity)
+        scale = None
+        if step.input_scale is not None:  # a per-channel Mul folded into this Conv (``schedule.chscale``)
+            xv, gv, _ = scale_operands(self.p, step.input_scale)
+            operands[0] = Operand.of(gen.buffers[xv])
+            scale = InputScale(self._gate(gv, gen), *value_shape(xv)[:2])
         ws = self.ref(step.workspace) if step.workspace is not None else None
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
                             lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro,
-                            producer=producer)
+                            producer=producer, input_scale=scale)
         code = TEMPLATES[op_key(node)](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"

@@ -39,9 +39,9 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
-_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?$")
+_NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
-_GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)$")
+_GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
 _WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
 
@@ -60,7 +60,8 @@ def micro_c(name: str, lanes: int) -> str:
                       accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)))
     m = _NCHWC.match(name)
     if m is not None:
-        return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)))
+        return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)),
+                      scaled=bool(m.group(3)))
     m = _DWC.match(name)
     if m is not None:
         return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=m.group(1) == "max",
@@ -131,7 +132,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         body = step(0, acc) + advance(1)
         lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
     name = (f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None
-            else f"gemm{'q' if split else 'r'}_{mr}x{nr}_{lda}")
+            else f"gemmq_{mr}x{nr}_{lda}_v{lanes}" if split else f"gemmr_{mr}x{nr}_{lda}")
     if split:
         stores = [f"dlcc_vf_store(c + {q} * ldq + {r} * ldc, {acc[r][q]});" for q in range(nv) for r in range(mr)]
         return (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
@@ -489,25 +490,30 @@ def _transpose_store(rows: list[str], lanes: int, dest: str, accumulate: bool = 
 
 
 def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, xw: int = 1, *, lanes: int,
-           ring_min: bool = False) -> str:
+           ring_min: bool = False, scaled: bool = False) -> str:
     """The repacking of one channel block with its zero ring (contract: ``lower.micro.nchwc_micro``): rows in
     the ring are zeroed whole; inside, each pixel's cbi channels are gathered (stores stay contiguous). Rows
     and columns beyond hp x wp (which no tap reads) are not copied. With a full block of cbi = lanes channels,
     each run of lanes pixels is lanes vector loads (one per channel), a transpose in registers
     (``_transpose_store``) and lanes vector stores (one per pixel); from a channels-last input (column stride
-    ``xw`` > 1, channel stride 1) each pixel's channels are one vector load and store."""
+    ``xw`` > 1, channel stride 1) each pixel's channels are one vector load and store. ``scaled``: channel i
+    times ``sc[i]``, one vector product per vector moved (``lower.micro.nchwc_micro``)."""
     wc = max(0, min(w, wp - pw))  # columns copied
     z = "-INFINITY" if ring_min else "0.0f"  # the ring's value
     col = f" * {xw}" if xw != 1 else ""
     fast = ""
+    k = " * k" if scaled else ""  # the per-channel scale: a vector of the block's channels, or channel i's float
+    ki = (lambda i: f" * sc[{i}]") if scaled else (lambda i: "")
     if xw != 1 and cbi == lanes:
+        kv = " const dlcc_vf k = dlcc_vf_load(sc);" if scaled else ""
         fast = f"""
-        if (nci == {cbi} && xc == 1) {{
-            for (int64_t xx = 0; xx < {wc}; ++xx) dlcc_vf_store(d + (xx + {pw}) * {cbi}, dlcc_vf_load(s + xx * {xw}));
+        if (nci == {cbi} && xc == 1) {{{kv}
+            for (int64_t xx = 0; xx < {wc}; ++xx)
+                dlcc_vf_store(d + (xx + {pw}) * {cbi}, dlcc_vf_load(s + xx * {xw}){k});
             continue;
         }}"""
     elif cbi == lanes and wc >= lanes:
-        rows = [f"dlcc_vf_load(s + {i} * xc + xx)" for i in range(lanes)]
+        rows = [f"dlcc_vf_load(s + {i} * xc + xx){ki(i)}" for i in range(lanes)]
         tr = indent(_transpose_store(rows, lanes, f"d + (xx + {pw}) * {cbi}"), 3)
         fast = f"""
         if (nci == {cbi}) {{
@@ -517,10 +523,11 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
 {tr}
             }}
             for (; xx < {wc}; ++xx)
-                for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = s[i * xc + xx];
+                for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = s[i * xc + xx]{ki("i")};
             continue;
         }}"""
-    return f"""static void dlcc_uk_{name}(const float* restrict x, int64_t xc, int64_t xh, int64_t nci,
+    sc = ", const float* restrict sc" if scaled else ""
+    return f"""static void dlcc_uk_{name}(const float* restrict x{sc}, int64_t xc, int64_t xh, int64_t nci,
                                 int64_t y0, int64_t rows, float* restrict ws) {{
     for (int64_t yy = y0; yy < y0 + rows; ++yy) {{
         float* restrict d = ws + (yy - y0) * {wp * cbi};
@@ -533,7 +540,8 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
         for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = {z};
         const float* restrict s = x + iy * xh;{fast}
         for (int64_t xx = 0; xx < {wc}; ++xx)
-            for (int64_t i = 0; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx{col}] : {z};
+            for (int64_t i = 0; i < {cbi}; ++i)
+                d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx{col}]{ki("i")} : {z};
     }}
 }}
 """

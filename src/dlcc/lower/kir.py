@@ -16,7 +16,8 @@ interpreter (``dlcc.lower.interp``) runs.
                             result before it is stored — the kernel owns its epilogue
       inputs / outputs      buffer ids in graph order
     producer: a template step may compute another template step's result inside it (``Step.producer``: a 1x1
-    Conv feeding a depthwise Conv); that result has no buffer.
+    Conv feeding a depthwise Conv); that result has no buffer. Likewise a Conv's input that is a per-channel
+    Mul of a buffer (``Step.input_scale``: a squeeze-and-excitation scale) is computed as the Conv repacks it.
     workspace: a template step may own a ``temp`` buffer of scratch (packed operands, transform tiles) that
     the schedule stage declared before memory planning; its kernel writes it and nothing reads it after,
     so it lives for that kernel only.
@@ -91,10 +92,15 @@ class Step:
     # template steps: the destination is a channels-last view the schedule stage chose (``schedule.layouts``); the
     # template stores every element through its epilogue, in that layout (no scratch)
     channels_last: bool = False
+    # template steps: a Mul by a per-channel factor (a squeeze-and-excitation scale) whose result is this step's
+    # Conv input, computed as the Conv repacks its input (``schedule.chscale``): that product has no buffer, and
+    # ``nodes`` holds the Mul first
+    input_scale: ir.Node | None = None
 
     def describe(self) -> str:
         ops = "+".join(n.op_type for n in self.nodes) or "-"
         into = f" <- {self.producer.anchor.op_type}" if self.producer is not None and self.producer.anchor else ""
+        into += " <- scaled input" if self.input_scale is not None else ""
         return f"{self.kind}{'(' + self.anchor.op_type + into + ')' if self.anchor else ''} [{ops}]"
 
 

@@ -34,12 +34,13 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         one channel block of an image repacked with a zero ring: ws[(yy*wp + xx)*cbi + i] =
         x[i*xc + (yy - ph)*xh + xx - pw] where 0 <= yy - ph < h, 0 <= xx - pw < w and i < nci, else 0,
         for yy < hp, xx < wp, i < cbi (rows and columns of the plane beyond hp x wp are not read).
+        ..._s(x, sc, xc, xh, nci, y0, rows, ws): the same, channel i times sc[i] (a per-channel scale).
 
     gemmr_{mr}x{nr}_{lda}(kc, a, b, c, ldc, acc, ncols)
         as gemm_, with A read in place, row-major: a[r*lda + k] (the Winograd convolution's transformed input,
         one tile per row; a product's A where packing it would cost more than it saves).
 
-    gemmq_{mr}x{nr}_{lda}(kc, a, b, c, ldc, ldq)
+    gemmq_{mr}x{nr}_{lda}_v{lanes}(kc, a, b, c, ldc, ldq)
         c[(j/lanes)*ldq + r*ldc + j%lanes] = sum_k a[k*lda + r] * b[k*nr + j] for r < mr, j < nr: A read in place
         with k at stride lda (a 1x1 convolution's NCHW input, pixels as rows), each vector of columns stored into
         its own channel block (the fused 1x1 -> depthwise pair, ``schedule.pwdw``).
@@ -298,22 +299,29 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
 
 
 def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ring_min: bool = False,
-                xw: int = 1) -> str:
+                xw: int = 1, scaled: bool = False) -> str:
     """The name of the repacking of one channel block of an image into rows of ``cbi``-channel pixels with a
     zero ring (``ph``/``pw`` before, up to ``hp`` x ``wp``), registering its contract on first use. A call
     writes ``rows`` rows of the block from row y0, ``ws`` pointing at row y0 (threads may split a block).
     ``ring_min`` (name ending ``_m``): the ring (and the channels past nci) hold -inf instead (max pooling).
     ``xw``: the input's column stride (1 for NCHW; the channels for a channels-last input, whose pixels' channels
-    are then contiguous), in the name only when it is not 1."""
+    are then contiguous), in the name only when it is not 1. ``scaled`` (name ending ``_s``): each channel i is
+    multiplied by ``sc[i]`` as it is copied (a squeeze-and-excitation scale folded into the convolution that
+    reads its result: ``schedule.chscale``); the ring stays 0."""
+    if scaled and ring_min:
+        raise ValueError("nchwc micro-kernel: a scaled repacking has a zero ring")
     dims = (cbi, h, w, ph, pw, hp, wp) + ((xw,) if xw != 1 else ())
-    name = "nchwc_" + "_".join(str(v) for v in dims) + ("_m" if ring_min else "")
+    name = "nchwc_" + "_".join(str(v) for v in dims) + ("_m" if ring_min else "") + ("_s" if scaled else "")
     fill = -np.inf if ring_min else 0.0
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        return {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + (w - 1) * xw + 1),
-                "ws": (1, 0, max(1, min(hp, s["rows"])) * wp * cbi)}
+        out = {"x": (max(s["nci"], 1), s["xc"], (h - 1) * s["xh"] + (w - 1) * xw + 1),
+               "ws": (1, 0, max(1, min(hp, s["rows"])) * wp * cbi)}
+        if scaled:
+            out["sc"] = (1, 0, max(s["nci"], 1))
+        return out
 
     def reference(arrays, offsets, s) -> None:
         x, xo, xc, xh, nci = arrays["x"], offsets["x"], s["xc"], s["xh"], s["nci"]
@@ -321,18 +329,20 @@ def nchwc_micro(cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: int, ri
         out = np.full((hp, wp, cbi), fill, arrays["ws"].dtype)
         wc = max(0, min(w, wp - pw))
         for i in range(nci):
+            k = arrays["sc"][offsets["sc"] + i] if scaled else None
             for y in range(min(h, hp - ph)):
                 at = xo + i * xc + y * xh
-                out[ph + y, pw:pw + wc, i] = x[at:at + (wc - 1) * xw + 1:xw] if wc else x[at:at]
+                row = x[at:at + (wc - 1) * xw + 1:xw] if wc else x[at:at]
+                out[ph + y, pw:pw + wc, i] = row * k if scaled else row
         if y0 < y1:
             o = offsets["ws"]
             arrays["ws"][o:o + (y1 - y0) * wp * cbi] = out[y0:y1].ravel()
 
     MICRO[name] = MicroKernel(
-        name, (("x", "in"), ("xc", "int"), ("xh", "int"), ("nci", "int"), ("y0", "int"), ("rows", "int"),
-               ("ws", "out")),
-        f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + (xx - {pw})*{xw}] inside the {h}x{w} "
-        f"plane and "
+        name, (("x", "in"), *((("sc", "in"),) if scaled else ()), ("xc", "int"), ("xh", "int"), ("nci", "int"),
+               ("y0", "int"), ("rows", "int"), ("ws", "out")),
+        f"ws[((yy - y0)*{wp} + xx)*{cbi} + i] = x[i*xc + (yy - {ph})*xh + (xx - {pw})*{xw}]"
+        f"{' * sc[i]' if scaled else ''} inside the {h}x{w} plane and "
         f"i < nci, else {'-inf' if ring_min else '0'}, for y0 <= yy < y0 + rows", footprint, reference)
     return name
 
@@ -349,8 +359,11 @@ WINO_AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0]
 def gemmq_micro(mr: int, nr: int, lda: int, lanes: int) -> str:
     """The name of the mr x nr GEMM tile reading A in place, column-major (k at stride ``lda``: a 1x1 convolution's
     NCHW input with pixels as rows), that stores each vector of ``lanes`` columns of its tile ``ldq`` apart (the
-    blocks of channels of a channel-blocked layout), registering its contract."""
-    name = f"gemmq_{mr}x{nr}_{lda}"
+    blocks of channels of a channel-blocked layout), registering its contract. The name holds ``lanes`` (``_v8``),
+    on which the contract depends: the contract of another target's tile of the same name was registered first
+    when one process generated code for two targets (a latent wrong verification: AVX-512's 8-column tile is
+    half a vector, AVX2's one)."""
+    name = f"gemmq_{mr}x{nr}_{lda}_v{lanes}"
     if name in MICRO:
         return name
     nv = nr // lanes

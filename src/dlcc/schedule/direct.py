@@ -215,17 +215,19 @@ def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
 
 
 def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf, ws: Buf, tv: Expr, T: int,
-                 cb: Var, b: Var) -> Stmt:
+                 cb: Var, b: Var, scale: Buf | None = None) -> Stmt:
     """Thread ``tv``'s part of repacking every image's input channel blocks (``cbi`` channels, NCHW[cbi]c, a
     zero ring from ``g``'s padding to hp x wp) into ``ws`` at [block][image]: the threads split the blocks;
-    with fewer blocks than threads (a first convolution's 3 channels), the rows of each block."""
+    with fewer blocks than threads (a first convolution's 3 channels), the rows of each block. ``scale`` (N, Ci):
+    each image's channels multiplied by it on the way (``schedule.chscale``)."""
     ncb = -(-g.ci // cbi)
     xd = x.layout.dims
     block = hp * wp * cbi
     by_rows = ncb * batch < T
     y0, y1 = share(tv, hp, T) if by_rows else (Const(0), Const(hp))
-    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, hp, wp, xw=xd[3][3]), (
-        Ptr(x, (b, cb * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]),
+    sc = (Ptr(scale, (b, cb * cbi)),) if scale is not None else ()
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, hp, wp, xw=xd[3][3], scaled=scale is not None), (
+        Ptr(x, (b, cb * cbi, Const(0), Const(0))), *sc, Const(xd[1][3]), Const(xd[2][3]),
         Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
         Ptr(ws, (simplify((cb * batch + b) * block + y0 * (wp * cbi)),))))
     c0, c1 = (Const(0), Const(ncb)) if by_rows else share(tv, ncb, T)
@@ -233,18 +235,19 @@ def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf
 
 
 def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "conv_direct",
-                fresh: Callable[[str], str] = str, channels_last: bool = False) -> Func:
+                fresh: Callable[[str], str] = str, channels_last: bool = False, scale: Buf | None = None) -> Func:
     """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy*sh + ky*dh - ph, ox*sw + kx*dw
     - pw]`` (zero padding): ``x`` (N, Ci, H, W) with unit column stride or channels-last, ``wp`` the weight
     packed by ``pack_direct``, ``c`` (N, Co, OH*OW), ``ws`` the workspace (the repacked input).
     ``channels_last``: the local buffer pixel-major (``dconvp_`` tiles, no transpose) and the epilogue per
-    pixel along its channels, for a destination whose channels are contiguous."""
+    pixel along its channels, for a destination whose channels are contiguous. ``scale`` (N, Ci): the input
+    multiplied by it per image and channel as it is repacked (a squeeze-and-excitation scale)."""
     g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
     t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
     tv1: Expr = t1 if T > 1 else Const(0)
     tv2: Expr = t2 if T > 1 else Const(0)
     block = p.hp * p.wp * cbi
-    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b)
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b, scale)
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
@@ -358,6 +361,6 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
                                   For(t2, Const(0), Const(T), (phase2,), "parallel"))
     else:
         body = (phase1, phase2)
-    return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))
+    return Func(name, (x, wp, c, *((scale,) if scale is not None else ())), (Alloc(ws, body),), (ws,))
 
 

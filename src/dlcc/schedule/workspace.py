@@ -214,6 +214,9 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
             fused = fused_plan(p, step, target, threads)
             nbytes = 4 * fused.workspace_floats if fused is not None else \
                 node_workspace_bytes(step.anchor, p.is_constant, target, threads)
+            if nbytes and step.input_scale is not None:  # the folded per-channel scale (``chscale``), after the
+                n, c = (int(d) for d in step.input_scale.outputs[0].shape[:2])  # repacking: one per image, channel
+                nbytes += 4 * n * c
             if nbytes:
                 bid = max(p.buffers) + 1
                 p.buffers[bid] = Buffer(bid, "temp", "float32", (nbytes // 4,), "workspace")

@@ -34,7 +34,7 @@ from dlcc.codegen.lir_c import print_c
 from dlcc.lower.lir import Func, print_func
 from dlcc.schedule.target import Target, get_target
 
-__all__ = ["NEEDS_BUFFERS", "TEMPLATES", "Producer", "TemplateCall", "register"]
+__all__ = ["NEEDS_BUFFERS", "TEMPLATES", "InputScale", "Producer", "TemplateCall", "register"]
 
 
 @dataclass
@@ -46,6 +46,16 @@ class Producer:
     inputs: list[Operand | None]
     chain: Callable[[Sequence[str], str], str]
     identity: bool
+
+
+@dataclass
+class InputScale:
+    """A factor per image and channel that a Conv's input is multiplied by before the Conv (``kir.Step.input_scale``:
+    a squeeze-and-excitation scale; the Conv's input operand is then the unscaled tensor): ``gate(n, c)`` is the C
+    expression of image n's channel c's factor, for n < ``batch``, c < ``channels``."""
+    gate: Callable[[str, str], str]
+    batch: int
+    channels: int
 
 
 @dataclass
@@ -65,6 +75,7 @@ class TemplateCall:
     micro: set[str] = field(default_factory=set)  # micro-kernels the C calls (their bodies go in the prelude)
     loop_ir: list[str] = field(default_factory=list)  # listings of the loop IR the template printed (dumps)
     producer: Producer | None = None  # a producer computed inside this template, whose result it reads
+    input_scale: InputScale | None = None  # Conv: its input 0 times this per image and channel
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);

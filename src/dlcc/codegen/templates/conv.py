@@ -129,6 +129,14 @@ def conv(call: TemplateCall) -> str:
     repacks = xref.strides[-1] == 1 or xref.channels_last
     if not call.scratch.contiguous and not call.scratch.channels_last:
         raise TemplateError("Conv: internal: a strided destination that is not channels-last")
+    if call.input_scale is not None:  # a per-channel scale folded in (``schedule.chscale``): the direct kernel only
+        if r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks:
+            g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
+                             dils[1], pb[0], pb[1])
+            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+            if blocked is not None:
+                return blocked
+        raise TemplateError("Conv: internal: a scaled input this convolution cannot take")
     if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
         g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
                          dils[1], pb[0], pb[1])
@@ -299,8 +307,8 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     """The loop IR ``func(plan, x, packed weight, c, ws)`` of a convolution whose plan needs workspace (the
     direct or the Winograd form), or None when the declared workspace is smaller than the plan's; the weight
     packed at compile time (``pack``, only when it runs); each output pixel through the fused epilogue."""
-    ws, c = call.workspace, call.scratch
-    if plan.workspace_floats > ws.size:
+    ws, c, sc = call.workspace, call.scratch, call.input_scale
+    if plan.workspace_floats + (sc.batch * sc.channels if sc is not None else 0) > ws.size:
         return None
     names = call.names
     wpk = call.packed(pack())
@@ -310,26 +318,40 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None if not cl else (
         c.strides[0], 1, plan.co), c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-    f = func(plan, x, wp, cb, wsb, fresh=names, **({"channels_last": True} if cl else {}))
-    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size, cl)
+    kw: dict = {"channels_last": True} if cl else {}
+    ptrs, pre = {wsb.name: ws.base()}, ""
+    if sc is not None:  # the factors first, after the repacking's floats; the repacking multiplies by them
+        scb = Buf(names("sc"), "float32", Layout.strided((sc.batch, sc.channels)))
+        at = f"({ws.base()} + {plan.workspace_floats})"
+        n, ch = names("n"), names("c")
+        pre = (f"for (int64_t {n} = 0; {n} < {sc.batch}; ++{n})\n"
+               f"    for (int64_t {ch} = 0; {ch} < {sc.channels}; ++{ch})\n"
+               f"        {at}[{n} * {sc.channels} + {ch}] = {sc.gate(n, ch)};\n")
+        ptrs[scb.name] = at
+        kw["scale"] = scb
+    f = func(plan, x, wp, cb, wsb, fresh=names, **kw)
+    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size, cl, sc is not None)
     outs = [g.oh, g.ow]
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
 
-    return call.emit(f, store, {wsb.name: ws.base()})
+    return pre + call.emit(f, store, ptrs)
 
 
 @functools.lru_cache(maxsize=256)
 def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan, shape: tuple[int, ...],
                          strides: tuple[int, ...], packed: tuple[int, ...], ws_floats: int,
-                         channels_last: bool = False) -> None:
+                         channels_last: bool = False, scaled: bool = False) -> None:
     """verify_func on ``func``'s loop IR of ``plan`` (the same for every convolution with these shapes)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wp = Buf("w", "float32", Layout.strided(packed))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(func(plan, x, wp, c, ws, **({"channels_last": True} if channels_last else {})))
+    kw: dict = {"channels_last": True} if channels_last else {}
+    if scaled:
+        kw["scale"] = Buf("sc", "float32", Layout.strided(shape[:2]))
+    verify_func(func(plan, x, wp, c, ws, **kw))
 
 
 @functools.lru_cache(maxsize=256)
