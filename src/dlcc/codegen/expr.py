@@ -21,7 +21,8 @@ rest (index maps, per-channel ops such as BatchNormalization).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import onnx_ir as ir
@@ -66,6 +67,16 @@ class ExprGen:
     def reset(self) -> None:
         """Forget bound local variables (call when a new loop body starts)."""
         self._memo.clear()
+
+    @contextmanager
+    def own_memo(self) -> Iterator[None]:
+        """Inside: a memo of local variables of its own (an expression printed at another place than the loop body
+        being generated, e.g. a template's epilogue), the body's back after."""
+        saved, self._memo = self._memo, {}
+        try:
+            yield
+        finally:
+            self._memo = saved
 
     def at(self, v: ir.Value, idx: Sequence[str], stmts: list[str] | None = None) -> str:
         """A C expression of element ``idx`` of ``v``."""

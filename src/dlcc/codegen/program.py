@@ -149,8 +149,7 @@ class _KernelGen:
             def element(idx):
                 gen.reset()
                 stmts: list[str] = []
-                expr = gen.compute(v, list(idx), stmts)
-                return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
+                return _statement_expr(stmts, gen.compute(v, list(idx), stmts))
 
             par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
             order = _memory_order(dst)
@@ -187,17 +186,14 @@ class _KernelGen:
         def parts(idx: Sequence[str], val: str) -> tuple[list[str], str]:
             if end is a:
                 return [], val
-            saved = gen._memo
-            gen._memo = {}
-            stmts: list[str] = []
             tmp = names("e")
-            stmts.append(f"const float {tmp} = {val};")
+            stmts: list[str] = [f"const float {tmp} = {val};"]
             gen.bound[a] = tmp
             try:
-                expr = gen.compute(end, list(idx), stmts)
+                with gen.own_memo():
+                    expr = gen.compute(end, list(idx), stmts)
             finally:
                 del gen.bound[a]
-                gen._memo = saved
             return stmts, expr
         return parts
 
@@ -210,14 +206,10 @@ class _KernelGen:
         def at(n: str, c: str) -> str:
             full = [n, c, "0", "0"][4 - len(shape):]
             idx = ["0" if d == 1 else i for d, i in zip(shape, full, strict=True)]
-            saved = gen._memo
-            gen._memo = {}
             stmts: list[str] = []
-            try:
+            with gen.own_memo():
                 expr = gen.at(g, idx, stmts)
-            finally:
-                gen._memo = saved
-            return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
+            return _statement_expr(stmts, expr)
         return at
 
     def template(self, step: Step, gen: ExprGen, names: Names) -> str:
@@ -252,8 +244,7 @@ class _KernelGen:
 
             def pchain(idx, val, pparts=pparts, bias=bias):
                 idx = [str(i) for i in idx]
-                stmts, expr = pparts(idx, f"{val} + {bias.at([idx[1]])}" if bias is not None else val)
-                return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
+                return _statement_expr(*pparts(idx, f"{val} + {bias.at([idx[1]])}" if bias is not None else val))
 
             identity = bias is None and step.producer.outputs[0] is pn.outputs[0]
             producer = Producer(pn, pops, pchain, identity)
@@ -269,6 +260,11 @@ class _KernelGen:
         code = TEMPLATES[op_key(node)](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
+
+
+def _statement_expr(stmts: list[str], expr: str) -> str:
+    """One C expression of ``expr`` after the statements that define its variables (a GNU statement expression)."""
+    return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
 
 
 def _emit_map(f: Func, put: Callable[[Sequence[str]], str], element: Callable[[Sequence[str]], str]) -> str:

@@ -146,6 +146,24 @@ class Program:
             b = self.buffers[b.base]
         return b
 
+    def merge_into(self, k1: Kernel, k2: Kernel, value: ir.Value) -> None:
+        """Compute one-step kernel ``k1``, whose result ``value`` only ``k2`` reads, inside ``k2``'s one step (the
+        caller marks how: ``Step.producer``, ``Step.input_scale``): its nodes go first, its reads become ``k2``'s,
+        and the value's buffer is gone. ``k1`` stays in ``kernels`` until ``remove_kernels``."""
+        bid = self.value_buffer[value]
+        step = k2.steps[0]
+        step.nodes = [*k1.steps[0].nodes, *step.nodes]
+        k2.nodes = [*k1.nodes, *k2.nodes]
+        k2.reads = list(dict.fromkeys([*k1.reads, *(r for r in k2.reads if r != bid)]))
+        del self.buffers[bid]
+        del self.value_buffer[value]
+
+    def remove_kernels(self, drop: set[int]) -> None:
+        """Remove the kernels at these positions and number the rest in call order again."""
+        self.kernels = [k for i, k in enumerate(self.kernels) if i not in drop]
+        for n, k in enumerate(self.kernels):
+            k.id = n
+
     def window(self, bid: int) -> tuple[Buffer, int, tuple[int, ...]]:
         """(root buffer, element offset into it, element strides) of buffer ``bid``."""
         b = self.buffers[bid]

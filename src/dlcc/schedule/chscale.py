@@ -16,6 +16,8 @@ nine; each read and wrote its tensor at about 50 GB/s).
 
 from __future__ import annotations
 
+import math
+
 import onnx_ir as ir
 
 from dlcc.lower.kir import Program
@@ -68,7 +70,7 @@ def fold_channel_scales(p: Program, target: Target, threads: int) -> int:
         y = p.value_buffer.get(yv)
         if mul is None or y is None or y in viewed or y in p.outputs or k1.writes != [y]:
             continue
-        if scale_operands(p, mul) is None or _dims(yv)[0] * _dims(yv)[1] > MAX_SCALES:
+        if scale_operands(p, mul) is None or math.prod(_dims(yv)[:2]) > MAX_SCALES:
             continue  # (scale_operands: yv has rank 4)
         rd = readers.get(y, [])
         if len(rd) != 1 or rd[0] <= i:
@@ -88,14 +90,7 @@ def fold_channel_scales(p: Program, target: Target, threads: int) -> int:
         if form is None or form[0] != "direct":
             continue
         s2.input_scale = mul
-        s2.nodes = [*k1.steps[0].nodes, *s2.nodes]
-        k2.nodes = [*k1.nodes, *k2.nodes]
-        k2.reads = list(dict.fromkeys([*k1.reads, *(r for r in k2.reads if r != y)]))
-        del p.buffers[y]
-        del p.value_buffer[yv]
+        p.merge_into(k1, k2, yv)
         drop.add(i)
-    if drop:
-        p.kernels = [k for i, k in enumerate(p.kernels) if i not in drop]
-        for n, k in enumerate(p.kernels):
-            k.id = n
+    p.remove_kernels(drop)
     return len(drop)

@@ -38,6 +38,8 @@ Graph inputs and outputs keep their layout; a buffer that another buffer views i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx_ir as ir
 
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
@@ -237,9 +239,7 @@ class _Layouts:
             if any(s.outputs[0] in n.inputs for n in k.nodes) and y not in k.reads:
                 k.reads.append(y)  # (its other steps read what is now another kernel's write, or a view)
             return
-        self.p.kernels = [o for o in self.p.kernels if o is not k]
-        for n, o in enumerate(self.p.kernels):
-            o.id = n
+        self.p.remove_kernels({self.p.kernels.index(k)})
 
     def relayout(self, bids: list[int], base: int | None, writers: list[Step]) -> None:
         """Store these buffers channels-last: as views of ``base`` (which then holds them), or in place."""
@@ -255,13 +255,16 @@ class _Layouts:
             if s.kind == "template":
                 s.channels_last = True
 
-    def into_producer(self, k: Kernel) -> bool:
-        """Rule 1 (module docstring)."""
+    def transposes(self, k: Kernel, perm: tuple[int, ...]) -> Iterator[tuple[Step, int, int]]:
+        """(step, input buffer, output buffer) of kernel ``k``'s steps that are one Transpose by ``perm``."""
         for s in k.steps:
             t = self.transpose_step(s)
-            if t is None or t[2] != TO_NHWC:
-                continue
-            x, y, _ = t
+            if t is not None and t[2] == perm:
+                yield s, t[0], t[1]
+
+    def into_producer(self, k: Kernel) -> bool:
+        """Rule 1 (module docstring)."""
+        for s, x, y in self.transposes(k, TO_NHWC):
             xs, yb = self.family(x), self.p.buffers[y]
             if xs is None or len(xs) != 1 or self.reading_steps(xs) != [s]:
                 continue
@@ -278,11 +281,7 @@ class _Layouts:
 
     def into_consumers(self, k: Kernel) -> bool:
         """Rule 2 (module docstring)."""
-        for s in k.steps:
-            t = self.transpose_step(s)
-            if t is None or t[2] != TO_NCHW:
-                continue
-            x, y, _ = t
+        for s, x, y in self.transposes(k, TO_NCHW):
             xb, ys = self.p.buffers[x], self.family(y)
             if ys is None or xb.kind not in ("temp", "input") or not xb.contiguous or xb.dtype != "float32":
                 continue

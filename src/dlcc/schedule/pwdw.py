@@ -398,7 +398,6 @@ def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:
     viewed = {b.base for b in p.buffers.values() if b.kind == "view"}
     producer_of = {bid: i for i, k in enumerate(p.kernels) for bid in k.writes}
     drop: set[int] = set()
-    merged = 0
     for j, k2 in enumerate(p.kernels):
         if len(k2.steps) != 1 or k2.steps[0].kind != "template" or k2.steps[0].scratch is not None:
             continue
@@ -422,15 +421,7 @@ def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:
                 _pair_plan(p, s1.anchor, s2.anchor, target, threads) is None:
             continue
         s2.producer = s1
-        s2.nodes = [*s1.nodes, *s2.nodes]
-        k2.nodes = [*k1.nodes, *k2.nodes]
-        k2.reads = list(dict.fromkeys([*k1.reads, *(r for r in k2.reads if r != bid)]))
-        del p.buffers[bid]
-        del p.value_buffer[v]
+        p.merge_into(k1, k2, v)
         drop.add(i)
-        merged += 1
-    if drop:
-        p.kernels = [k for i, k in enumerate(p.kernels) if i not in drop]
-        for n, k in enumerate(p.kernels):
-            k.id = n
-    return merged
+    p.remove_kernels(drop)
+    return len(drop)

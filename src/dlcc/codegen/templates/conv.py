@@ -129,33 +129,24 @@ def conv(call: TemplateCall) -> str:
     repacks = xref.strides[-1] == 1 or xref.channels_last
     if not call.scratch.contiguous and not call.scratch.channels_last:
         raise TemplateError("Conv: internal: a strided destination that is not channels-last")
-    if call.input_scale is not None:  # a per-channel scale folded in (``schedule.chscale``): the direct kernel only
-        if r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks:
-            g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
-                             dils[1], pb[0], pb[1])
-            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
-            if blocked is not None:
-                return blocked
-        raise TemplateError("Conv: internal: a scaled input this convolution cannot take")
+    g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
+                     pb[0], pb[1]) if r == 2 else None
     if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
-        g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
-                         dils[1], pb[0], pb[1])
         dw = _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
         if dw is not None:
             return dw
-    if not call.scratch.contiguous:  # channels-last (``schedule.layouts``): the depthwise or the direct kernel only
-        if r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks:
-            g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
-                             dils[1], pb[0], pb[1])
-            if direct_pays(g, M):
-                blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
-                if blocked is not None:
-                    return blocked
-        raise TemplateError("Conv: internal: a channels-last destination this convolution cannot write")
+    if not call.scratch.contiguous or call.input_scale is not None:
+        # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
+        # kernel above, or the direct one) or a per-channel scale folded into the input (``schedule.chscale``)
+        if (r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks
+                and direct_pays(g, M)):
+            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+            if blocked is not None:
+                return blocked
+        raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
+                            "cannot take")
     gemm_ok = group == 1 and w.const is not None and call.workspace is not None and call.scratch.contiguous
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
-        g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0],
-                         dils[1], pb[0], pb[1])
         if repacks and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
             wino = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if wino is not None:
