@@ -32,6 +32,8 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (1, 40, 14, 14, 48, 1, 1, 1, 0, 2),  # 1x1 on a small plane
     (1, 24, 13, 13, 40, 1, 2, 1, 0, 1),  # strided 1x1
     (1, 16, 20, 20, 32, 3, 1, 8, 8, 2),  # dilation 8 on 20 columns: row and column segments of 2, 3, 2 taps
+    (1, 16, 8, 8, 32, 3, 1, 12, 12, 1),  # dilation past the plane: only the centre tap reaches it, no zero ring
+    (1, 16, 4, 4, 16, 3, 1, 1, 5, 1),  # padding past the kernel: border outputs read only the ring (kept)
 ]
 
 
@@ -68,6 +70,8 @@ def test_direct_plan_chunks_the_input_channels_when_a_tiles_weights_exceed_l2():
     p = plan_direct(256, g, 1, get_target("x86-64-v4"), 2)
     assert p.order == "chunks" and 1 <= p.chunk < p.ncb and p.threads == 2
     assert 4 * p.chunk * p.cbi * 9 * p.no <= get_target("x86-64-v4").l2_bytes // 4
+    # every tap its row and column segments keep is inside the input: blocks of the input's size, no zero ring
+    assert (p.rh, p.rw, p.hp, p.wp) == (0, 0, 28, 28) and p.workspace_floats == 2048 * 28 * 28
     small = plan_direct(64, ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1), 1, get_target("x86-64-v4"), 2)
     assert small.order != "chunks" and small.chunk == small.ncb
 
@@ -77,6 +81,7 @@ def test_direct_plan_tiles_and_order():
     g56 = ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1)
     p = plan_direct(64, g56, 1, v4, 2)
     assert (p.no, p.px, p.cbi, p.order, p.threads) == (32, 14, 16, "rows", 2)  # 28 accumulators
+    assert (p.rh, p.rw, p.hp, p.wp) == (1, 1, 58, 58)  # the padding's zero ring
     assert (plan_direct(64, g56, 1, v3).no, plan_direct(64, g56, 1, v3).px) == (16, 6)  # 12 of 16 registers
     g7 = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)
     p = plan_direct(512, g7, 1, v4, 2)
@@ -214,3 +219,27 @@ def test_blocked_depthwise_loop_ir_matches_numpy(ci, h, s, k, batch, threads):
     out, seen = _run_conv_ir(f, x, "wp", wp, (batch, ci, oh * oh), p.workspace_floats)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_aspp_head_compiled_without_zero_rings(threads):
+    """A DeepLabV3 head (ASPP dilations 12, 24 and 36 on a 28 x 28 plane, 64 input channels, two images): the
+    dilated convolutions keep only taps inside the input, so their repacked blocks hold no zero ring (the
+    workspace is the input's size, not 52 x 52 or 100 x 100 per block); outputs match onnxruntime."""
+    import onnxruntime as ort
+
+    import dlcc
+    from dlcc.testing.harness import assert_close
+    from dlcc.testing.models import deeplabv3_head
+
+    m = deeplabv3_head(batch=2, in_channels=64, seed=3)
+    x = np.random.default_rng(4).standard_normal((2, 64, 28, 28)).astype(np.float32)
+    name = m.graph.input[0].name
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: x})[0]
+    cm = dlcc.compile(m, threads=threads)
+    assert_close(list(cm({name: x}).values())[0], ref, 1e-4, 1e-6)
+    p = cm.artifacts.program
+    spaces = [p.buffers[s.workspace].size for k in p.kernels for s in k.steps
+              if s.workspace is not None and s.anchor is not None and s.anchor.op_type == "Conv"
+              and any(a.name == "dilations" and max(a.value) >= 12 for a in s.anchor.attributes.values())]
+    assert len(spaces) == 3 and max(spaces) <= 2 * 64 * 28 * 28
