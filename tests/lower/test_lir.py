@@ -36,10 +36,8 @@ from dlcc.lower.lir import (
     Select,
     Store,
     Var,
-    mark,
     print_func,
     run_func,
-    split,
     verify_func,
 )
 from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmt_micro, im2col_micro
@@ -182,20 +180,6 @@ def test_gemm_micro_kernels_match_their_contract(target):
             untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
             untouched[:, :ncols] = False
             assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
-
-
-def test_split_and_mark_keep_the_result():
-    x = Buf("x", "float32", Layout.strided((23,)))
-    y = Buf("y", "float32", Layout.strided((23,)))
-    i = Var("i")
-    f = Func("scale", (x, y), (For(i, Const(0), Const(23), (Store(y, (i,), x[i] * Const(3.0, "float32")),)),))
-    g = mark(split(f, "i", 8), "i_o", "parallel")
-    verify_func(g)
-    assert "parallel for i_o in [0, 3):" in print_func(g)
-    xs = np.arange(23, dtype=np.float32)
-    out = np.zeros(23, np.float32)
-    run_func(g, {"x": xs, "y": out})
-    np.testing.assert_array_equal(out, xs * 3)
 
 
 def _one(body, params=None, workspace=()):

@@ -2,7 +2,8 @@
 to named micro-kernels. The level between a kernel's algorithm and its C.
 
 What goes in: built by a kernel's schedule (``dlcc.schedule.gemm``, ``dwconv``, ``reduce``) with the constructors
-below; schedule transformations (``split``, ``mark``) rewrite it.
+below; the schedule transformations (``dlcc.schedule.transform``: split, reorder, tile, parallelize, mark)
+rewrite it.
 What comes out: a ``Func`` that ``print_func`` lists, ``verify_func`` checks, ``run_func`` interprets with
 numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
 
@@ -57,8 +58,8 @@ import numpy as np
 from dlcc.errors import PassError
 
 __all__ = ["CALLS", "Alloc", "Bcast", "Bin", "Buf", "Call", "Cast", "Const", "Epilogue", "Expr", "For", "Func", "If",
-           "In", "Layout", "Load", "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var", "mark",
-           "print_func", "run_func", "split", "verify_func"]
+           "In", "Layout", "Load", "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var",
+           "print_func", "run_func", "verify_func"]
 
 SCOPES = ("global", "register", "stack", "workspace", "thread_workspace")
 KINDS = ("serial", "parallel", "vectorized", "unrolled")
@@ -1006,26 +1007,3 @@ def _map_loops(body: Sequence[Stmt], name: str, fn: Callable[[For], Stmt | tuple
         else:
             out.append(s)
     return tuple(out)
-
-
-def split(f: Func, var: str, factor: int, outer: str | None = None, inner: str | None = None) -> Func:
-    """Split loop ``var`` [start, stop) into an outer loop over blocks of ``factor`` and an inner loop over
-    the block (the last block clipped to stop): ``var = start + outer*factor + inner``."""
-    vo, vi = Var(outer or f"{var}_o"), Var(inner or f"{var}_i")
-
-    def fn(s: For) -> Stmt:
-        n = simplify(s.stop - s.start)
-        blocks = simplify((n + (factor - 1)) // factor)
-        base = simplify(s.start + vo * factor)
-        inner_stop = Bin("min", Const(factor), simplify(s.stop - base)) if not (
-            isinstance(n, Const) and int(n.value) % factor == 0) else Const(factor)
-        body = subst_stmts(s.body, var, simplify(base + vi))
-        return For(vo, Const(0), blocks, (For(vi, Const(0), simplify(inner_stop), body, "serial"),), s.kind)
-    return replace(f, body=_map_loops(f.body, var, fn))
-
-
-def mark(f: Func, var: str, kind: str) -> Func:
-    """Set the kind of loop ``var`` (serial, parallel, vectorized, unrolled)."""
-    if kind not in KINDS:
-        raise PassError(f"loop IR: unknown loop kind {kind}")
-    return replace(f, body=_map_loops(f.body, var, lambda s: replace(s, kind=kind)))

@@ -49,6 +49,7 @@ from dlcc.lower.micro import DCONV_PAD, dwc_micro, dwconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
+from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DW_PAR_MIN_OUTPUTS", "POOL_BLOCKED_MAX_W", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "dwc_rows",
            "pack_dwc", "plan_dwc"]
@@ -79,8 +80,6 @@ def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool
     C = g.ci
     T = dw_threads(g, batch, threads)
     t, b, ch, oy, ox = (Var(fresh(v)) for v in ("t", "b", "ch", "oy", "ox"))
-    tv: Expr = t if T > 1 else Const(0)
-    c0, c1 = share(tv, C, T)
     micro = dwconv_micro(g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, x.layout.dims[2][3],
                          pool_max)
     plane: tuple[Stmt, ...] = (Micro(micro, (Ptr(x, (b, ch, Const(0), Const(0))), Ptr(wt, (ch, Const(0))),
@@ -92,10 +91,10 @@ def dw_func(g: ConvGeometry, batch: int, x: Buf, wt: Buf, c: Buf, epilogue: bool
     elif epilogue:
         plane += (For(oy, Const(0), Const(g.oh), (For(ox, Const(0), Const(g.ow), (
             Epilogue((b, ch, oy, ox), Load(c, (b, ch, oy, ox))),), "vectorized"),)),)
-    body: tuple[Stmt, ...] = (For(b, Const(0), Const(batch), (For(ch, c0, c1, plane),)),)
-    if T > 1:
-        body = (For(t, Const(0), Const(T), body, "parallel"),)
-    return Func(name, (x, wt, c), body)
+    f = Func(name, (x, wt, c), (For(b, Const(0), Const(batch), (For(ch, Const(0), Const(C), plane),)),))
+    if T > 1:  # the channels in T shares, the threads' loop outermost
+        f = reorder(parallelize(f, ch.name, T, t.name), [t.name, b.name])
+    return f
 
 
 @dataclass(frozen=True)

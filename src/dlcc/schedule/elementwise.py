@@ -21,8 +21,9 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from dlcc.lower.lir import Bin, Const, Epilogue, Expr, For, Func, In, Stmt, Var, simplify
-from dlcc.schedule.loops import nest, numbered, share
+from dlcc.lower.lir import Const, Epilogue, Expr, Func, In, Stmt
+from dlcc.schedule.loops import nest, numbered
+from dlcc.schedule.transform import drop_unit_loops, loop_names, parallelize, reorder, split
 
 __all__ = ["inlined_nodes", "map_func"]
 
@@ -48,7 +49,8 @@ def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "
     """``epilogue[index] <- In(0, index)`` over ``shape`` (module docstring); ``threads`` > 1 splits the first
     dim of more than one element; ``tile``: (axis, block, reads_inner), that axis and the last one blocked;
     ``order``: the dims from the outermost loop to the innermost (a destination stored in another order than
-    its logical one, e.g. channels-last: its memory order), row-major when None."""
+    its logical one, e.g. channels-last: its memory order), row-major when None. The algorithm is a plain nest;
+    threads and tiles are transformations of it (``schedule.transform``)."""
     fresh = fresh or numbered()
     if tile is not None:
         return _tiled(shape, dtype, threads, name, fresh, *tile)
@@ -63,46 +65,38 @@ def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "
             idx[d] = i
         return (Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)
 
-    lead = next((d for d, n in enumerate(pshape) if n > 1), None)
-    if threads <= 1 or lead is None:
-        return Func(name, (), nest(pshape, fresh, "i", body))
-    n = pshape[lead]
-    parts = min(n, 4 * threads)
-    t, i = Var(fresh("t")), Var(fresh("i"))
-    rest = nest(pshape[lead + 1:], fresh, "i", lambda idx: body([*[Const(0)] * lead, i, *idx]))
-    ranges = For(i, *share(t, n, parts), rest)
-    return Func(name, (), (For(t, Const(0), Const(parts), (ranges,), "parallel"),))
+    split_threads = threads > 1 and any(n > 1 for n in pshape)
+    thread = fresh("t") if split_threads else ""
+    f = Func(name, (), nest(pshape, fresh, "i", body))
+    if split_threads:  # the outermost loop (the first dim of more than one element) in shares
+        f = parallelize(f, loop_names(f)[0], 4 * threads, thread)
+    return f
 
 
 def _tiled(shape: tuple[int, ...], dtype: str, threads: int, name: str, fresh: Callable[[str], str], a: int,
            block: int, reads_inner: bool) -> Func:
-    """``map_func`` with axis ``a`` and the last axis blocked (module docstring); threads over the first loop of
-    more than one iteration."""
+    """``map_func`` with axis ``a`` and the last axis blocked (module docstring): the plain nest, both axes split
+    into blocks, the two in-block loops moved inside (in the order ``reads_inner`` says), the loops over one
+    block dropped; threads over the first loop of more than one iteration."""
     last = len(shape) - 1
+    if shape[a] == 1 or shape[last] == 1 or a == last:
+        return map_func(shape, dtype, threads, name, fresh)
     extents = [-(-n // block) if d in (a, last) else n for d, n in enumerate(shape)]  # the outer loops
-    outer: list[Expr] = [Var(fresh("o" if d in (a, last) else "i")) if e > 1 else Const(0)
-                         for d, e in enumerate(extents)]
-    ai, li = Var(fresh("ti")), Var(fresh("tj"))
-    idx = list(outer)
-    idx[a] = simplify(outer[a] * block + ai)
-    idx[last] = simplify(outer[last] * block + li)
-
-    def upto(d: int) -> Expr:
-        n = shape[d]
-        return Const(block) if n % block == 0 else simplify(Bin("min", Const(block), Const(n) - outer[d] * block))
-
-    (u, du), (w, dw) = ((li, last), (ai, a)) if reads_inner else ((ai, a), (li, last))
-    body: tuple[Stmt, ...] = (For(u, Const(0), upto(du), (For(w, Const(0), upto(dw), (
-        Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)),)),)
+    names = [fresh("o" if d in (a, last) else "i") if e > 1 else "" for d, e in enumerate(extents)]
+    ti, tj = fresh("ti"), fresh("tj")
+    names[a] = names[a] or f"{ti}_blocks"  # (a loop over one block: dropped below)
+    names[last] = names[last] or f"{tj}_blocks"
     lead = next((d for d, e in enumerate(extents) if e > 1), None)
-    for d in reversed(range(len(shape))):
-        v = outer[d]
-        if not isinstance(v, Var):
-            continue
-        if threads > 1 and d == lead:
-            parts = min(extents[d], 4 * threads)
-            t = Var(fresh("t"))
-            body = (For(t, Const(0), Const(parts), (For(v, *share(t, extents[d], parts), body),), "parallel"),)
-        else:
-            body = (For(v, Const(0), Const(extents[d]), body),)
-    return Func(name, (), body)
+    thread = fresh("t") if threads > 1 and lead is not None else ""
+
+    def body(idx: list[Expr]) -> tuple[Stmt, ...]:
+        return (Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)
+
+    f = Func(name, (), nest(shape, lambda v: v, names, body))
+    f = split(split(f, names[a], block, names[a], ti), names[last], block, names[last], tj)
+    chain = loop_names(f)[loop_names(f).index(names[a]):]
+    f = reorder(f, [n for n in chain if n not in (ti, tj)] + ([tj, ti] if reads_inner else [ti, tj]))
+    f = drop_unit_loops(f, {names[a], names[last]})
+    if thread:
+        f = parallelize(f, names[lead], 4 * threads, thread)
+    return f

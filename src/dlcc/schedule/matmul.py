@@ -30,6 +30,7 @@ import numpy as np
 
 from dlcc.lower.lir import Alloc, Bin, Buf, Const, Epilogue, Expr, For, Func, If, Layout, Load, Stmt, Store, Var
 from dlcc.schedule.loops import nest, numbered
+from dlcc.schedule.transform import loop_names, mark
 
 __all__ = ["dots_func", "pack_panels", "panel_width", "panels_func"]
 
@@ -60,10 +61,9 @@ def _batches(batch: tuple[int, ...], threads: int, fresh: Callable[[str], str],
     the first batch dim of more than one product when it has at least ``threads``; the product itself gets
     them only when it is the only one."""
     lead = next((d for d, e in enumerate(batch) if e > 1), None)
-    if threads > 1 and lead is not None and batch[lead] >= threads:
-        pb = Var(fresh("pb"))
-        inner = nest(batch[lead + 1:], fresh, "b", lambda rest: body([*[Const(0)] * lead, pb, *rest], 1))
-        return (For(pb, Const(0), Const(batch[lead]), inner, "parallel"),)
+    if threads > 1 and lead is not None and batch[lead] >= threads:  # (the loops before it: one product each)
+        loops = nest(batch, fresh, ["pb" if d == lead else "b" for d in range(len(batch))], lambda bidx: body(bidx, 1))
+        return mark(loops, loop_names(loops)[0], "parallel")
     return nest(batch, fresh, "b", lambda bidx: body(bidx, threads if math.prod(batch) == 1 else 1))
 
 

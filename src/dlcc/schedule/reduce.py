@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dlcc.errors import PassError
 from dlcc.lower.lir import (
@@ -56,6 +56,7 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.schedule.loops import numbered
+from dlcc.schedule.transform import mark, parallelize
 
 __all__ = ["CACHE_LIMIT", "TAIL_LIMIT", "RowOp", "arg_func", "lrn_func", "row_func"]
 
@@ -254,10 +255,8 @@ def _over_threads(body: tuple[Stmt, ...], threads: int, fresh: Callable[[str], s
     rows = int(loop.stop.value)
     chunks = min(rows, CHUNKS_PER_THREAD * threads)
     if chunks == rows:
-        return (replace(loop, kind="parallel"),)
-    c = Var(fresh("c"))
-    return (For(c, Const(0), Const(chunks), (replace(loop, start=c * rows // chunks,
-                                                     stop=(c + 1) * rows // chunks),), "parallel"),)
+        return mark(body, loop.var.name, "parallel")
+    return parallelize(body, loop.var.name, chunks, fresh("c"))
 
 
 def row_func(spec: RowOp, lanes: int, threads: int = 1, fresh: Callable[[str], str] | None = None) -> Func:
