@@ -117,6 +117,17 @@ def test_winograd_micro_kernels_match_their_contracts(target):
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("ci,h,co", [(256, 14, 256), (128, 28, 128), (64, 56, 64), (512, 7, 512), (96, 20, 48)])
+def test_positions_of_v_and_m_fall_in_different_l1_sets(ci, h, co):
+    """The 36 positions of a thread's V and M are an odd number of 64-byte lines apart (``spread``): with 4 KiB
+    per L1 way, one tile's 36 values then sit in 36 different sets (256 channels x 8 tiles unpadded: all in one)."""
+    p = plan_winograd(co, ConvGeometry(ci, h, h, h, h, 3, 3, 1, 1, 1, 1, 1, 1), 1, get_target("x86-64-v4"))
+    for ld, unpadded in ((p.ldv, p.pb * p.cp), (p.ldm, p.pb * p.kp)):
+        assert unpadded <= ld <= unpadded + 16
+        assert len({(4 * ld * q // 64) % 64 for q in range(36)}) == 36
+    assert p.thread_floats == 36 * (p.ldv + p.ldm)
+
+
 def test_layer_choice():
     t = get_target("x86-64-v4")
 

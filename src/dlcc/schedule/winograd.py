@@ -16,7 +16,7 @@ tiles; the threads split the blocks):
   row-major, one tile per row), into M[36][pb][output channels];
 - per block of ``lanes`` output channels, the output transform of each tile (``wgo_``) into a local buffer
   holding the block's output rows (channel-major), then the fused epilogue along them.
-V and M are each thread's workspace. F(4x4, 3x3) loses a few bits to the transforms' constants (up to 8 and
+V and M are each thread's workspace, their 36 positions an odd number of cache lines apart (``spread``). F(4x4, 3x3) loses a few bits to the transforms' constants (up to 8 and
 5/24): relative to the output's scale about 1e-5 at 256 channels, within the 1e-4 the backend promises.
 """
 
@@ -50,7 +50,7 @@ from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
-__all__ = ["WinoPlan", "pack_winograd", "plan_winograd", "use_winograd", "wino_func", "winograd_fits"]
+__all__ = ["WinoPlan", "pack_winograd", "plan_winograd", "spread", "use_winograd", "wino_func", "winograd_fits"]
 
 VM_L3_BYTES = 4 << 20  # a thread's V and M beyond this go through memory rather than L3
 VM_MAX_BYTES = 8 << 20  # and blocks never make them larger than this (the arena holds them)
@@ -112,9 +112,19 @@ class WinoPlan:
         return self.batch * self.ncb * self.hp * self.wp * self.cbi
 
     @property
+    def ldv(self) -> int:
+        """Floats from one position's V to the next: pb x cp, padded (``spread``)."""
+        return spread(self.pb * self.cp)
+
+    @property
+    def ldm(self) -> int:
+        """Floats from one position's M to the next: pb x kp, padded (``spread``)."""
+        return spread(self.pb * self.kp)
+
+    @property
     def thread_floats(self) -> int:
         """One thread's V and M."""
-        return 36 * self.pb * (self.cp + self.kp)
+        return 36 * (self.ldv + self.ldm)
 
     @property
     def workspace_floats(self) -> int:
@@ -123,6 +133,14 @@ class WinoPlan:
     @property
     def workspace_bytes(self) -> int:
         return 4 * self.workspace_floats
+
+
+def spread(n: int) -> int:
+    """``n`` floats (a multiple of 16) padded to an odd number of 64-byte lines: the 36 positions of V (or M),
+    this far apart, then fall in 36 different sets of an L1 cache whose way is 4 KiB, where the input
+    transform writes (the output transform reads) one tile's 36 values. Unpadded, 256 channels x 8 tiles (8 KiB)
+    put all 36 in one set; 128 x 14 (7 KiB), 9 per set."""
+    return n + 16 if n % 16 == 0 and (n // 16) % 2 == 0 else n
 
 
 def winograd_fits(g: ConvGeometry, co: int, target: Target) -> bool:
@@ -218,20 +236,21 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b)
 
     pb, cp, kp, tw = p.pb, p.cp, p.kp, p.tw
+    ldv, ldm = p.ldv, p.ldm
     vbase = simplify(Const(p.input_floats) + tv2 * p.thread_floats)
-    mbase = simplify(vbase + 36 * pb * cp)
+    mbase = simplify(vbase + 36 * ldv)
     ty0 = blk * p.tr  # the block's first row of tiles
     block = p.hp * p.wp * cbi
     # the input transform of every tile of the block, per channel block
     xoff = simplify((cbx * p.batch + b) * block + (ty0 + ty) * (4 * p.wp * cbi) + tx * (4 * cbi))
     voff = simplify(vbase + (ty * tw + tx) * cp + cbx * cbi)
     transform_in = For(cbx, Const(0), Const(p.ncb), (For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
-        Micro(wgi_micro(cbi, p.wp * cbi, pb * cp), (Ptr(ws, (xoff,)), Ptr(ws, (voff,)))),)),)),))
+        Micro(wgi_micro(cbi, p.wp * cbi, ldv), (Ptr(ws, (xoff,)), Ptr(ws, (voff,)))),)),)),))
 
     # per position: V's rows (tiles) x U's column micro-panels
     def gemm(r0: Expr, rows: int) -> Stmt:
-        a = simplify(vbase + xi * (pb * cp) + r0 * cp)
-        cc = simplify(mbase + xi * (pb * kp) + r0 * kp + jp * nr)
+        a = simplify(vbase + xi * ldv + r0 * cp)
+        cc = simplify(mbase + xi * ldm + r0 * kp + jp * nr)
         return Micro(gemmr_micro(rows, nr, cp), (Const(cp), Ptr(ws, (a,)), Ptr(up, (simplify(xi * p.ncp + jp),
                                                                                      Const(0))),
                                                  Ptr(ws, (cc,)), Const(kp), Const(0), Const(nr)))
@@ -250,7 +269,7 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span)), "stack")
     moff = simplify(mbase + (ty * tw + tx) * kp + kb * cbi)
     transform_out = For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
-        Micro(wgo_micro(cbi, pb * kp, rpitch), (Ptr(ws, (moff,)), Ptr(acc, (Const(0), simplify(ty * (4 * rpitch)
+        Micro(wgo_micro(cbi, ldm, rpitch), (Ptr(ws, (moff,)), Ptr(acc, (Const(0), simplify(ty * (4 * rpitch)
                                                                                                  + tx * 4))),
                                               Const(span))),)),))
     rows: Expr = Const(4 * p.tr)
