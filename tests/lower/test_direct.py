@@ -14,7 +14,7 @@ from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
 from dlcc.lower.lir import MICRO, Buf, Layout, verify_func
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, dwc_micro, nchwc_micro
-from dlcc.schedule.direct import direct_func, pack_direct, plan_direct
+from dlcc.schedule.direct import direct_func, pack_direct, plan_direct, reads_in_place
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import runnable_targets
@@ -243,3 +243,80 @@ def test_aspp_head_compiled_without_zero_rings(threads):
               if s.workspace is not None and s.anchor is not None and s.anchor.op_type == "Conv"
               and any(a.name == "dilations" and max(a.value) >= 12 for a in s.anchor.attributes.values())]
     assert len(spaces) == 3 and max(spaces) <= 2 * 64 * 28 * 28
+
+
+@pytest.mark.parametrize("target,n,ci,h,w,co,s,threads,small_l2", [
+    ("x86-64-v4", 2, 32, 9, 11, 40, 1, 2, False),  # two images, a channel tile past the channels, threads
+    ("x86-64-v4", 1, 48, 13, 13, 64, 2, 1, False),  # strided: every other pixel and row read where it is
+    ("x86-64-v3", 1, 16, 7, 7, 72, 1, 2, False),
+    ("aarch64", 1, 8, 6, 10, 24, 2, 2, False),
+    ("x86-64-v4", 1, 1056, 20, 20, 32, 1, 1, True),  # input channels in chunks, the later ones added
+])
+def test_direct_conv_reads_a_channels_last_input_in_place(target, n, ci, h, w, co, s, threads, small_l2):
+    """A 1x1 unpadded convolution whose input is channels-last (pixels a whole number of channel blocks apart)
+    runs without the repacking phase and without workspace (``reads_in_place``), with the same results."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, ci, 1, 1)).astype(np.float32)
+    ref = _conv_ref(x, wt, (s, s), (1, 1), (0, 0))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(ci, h, w, oh, ow, 1, 1, s, s, 1, 1, 0, 0)
+    tg = dataclasses.replace(SMALL_L2, l2_bytes=256 * 1024) if small_l2 else get_target(target)
+    nhwc = (h * w * ci, 1, w * ci, ci)
+    p = plan_direct(co, g, n, tg, threads, nhwc)
+    assert p.in_place and p.workspace_floats == 0 and (p.order == "chunks") == small_l2
+    assert not plan_direct(co, g, n, tg, threads, (ci * h * w, h * w, w, 1)).in_place  # NCHW: repacked
+    wpk = pack_direct(wt, p)
+    f = direct_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w), nhwc)),
+                    Buf("wp", "float32", Layout.strided(wpk.shape)),
+                    Buf("c", "float32", Layout.strided((n, co, oh * ow))), None)
+    verify_func(f)
+    assert not f.workspace and "nchwc_" not in repr(f.body)
+    out, seen = _run_conv_ir(f, x.transpose(0, 2, 3, 1), "wp", wpk, (n, co, oh * ow), 1)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size
+
+
+def test_in_place_needs_whole_channel_blocks_and_no_4k_aliasing():
+    v4 = get_target("x86-64-v4")
+    g = ConvGeometry(512, 28, 28, 28, 28, 1, 1, 1, 1, 1, 1, 0, 0)
+    assert reads_in_place(g, (28 * 28 * 512, 1, 28 * 512, 512), v4.lanes)
+    strided = dataclasses.replace(g, oh=14, ow=14, sh=2, sw=2)  # pixels read 2 x 512 floats = 4 KiB apart
+    assert not reads_in_place(strided, (28 * 28 * 512, 1, 28 * 512, 512), v4.lanes)
+    assert not reads_in_place(dataclasses.replace(g, ci=24), (28 * 28 * 24, 1, 28 * 24, 24), v4.lanes)
+    assert not reads_in_place(dataclasses.replace(g, kh=3, kw=3, ph=1, pw=1), (28 * 28 * 512, 1, 28 * 512, 512),
+                              v4.lanes)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bottleneck_reads_channels_last_in_place(threads):
+    """A ResNet bottleneck's 1x1 convolutions after a 3x3 one that writes channels-last: compiled, the 1x1
+    convolution's step declares no workspace, and the outputs match onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import dlcc
+    from dlcc.testing.harness import assert_close
+
+    rng = np.random.default_rng(5)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w2"], ["c"]), helper.make_node("Relu", ["c"], ["d"]),
+             helper.make_node("Conv", ["d", "w3"], ["e"], strides=[2, 2]), helper.make_node("Relu", ["e"], ["y"])]
+    g = helper.make_graph(nodes, "bottleneck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 14, 14])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [w("w1", 128, 64, 3, 3), w("w2", 96, 128, 1, 1), w("w3", 64, 96, 1, 1)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, 64, 14, 14)).astype(np.float32)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cm = dlcc.compile(onnx.shape_inference.infer_shapes(m), threads=threads, target="x86-64-v4")
+    p = cm.artifacts.program
+    pointwise = [s for k in p.kernels for s in k.steps if s.anchor is not None and s.anchor.op_type == "Conv"
+                 and s.anchor.inputs[1].name in ("w2", "w3")]
+    in_place = [s for s in pointwise if s.workspace is None]
+    assert in_place, "no 1x1 convolution reads its channels-last input in place"
+    assert_close(cm({"x": x})["y"], ref, 1e-4, 1e-6)

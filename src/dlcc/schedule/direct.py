@@ -19,7 +19,7 @@ else output-channel tiles; threads split the input blocks (the repacking), then 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,12 +46,17 @@ from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
 
-__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "repack_phase", "trim_taps"]
+__all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "reads_in_place", "repack_phase",
+           "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
 CL_BAND_BYTES = 64 * 1024  # channels-last, rows outside: a band of rows of every channel tile up to this size
 PAR_MIN_FLOPS = 2e6  # below this much work one thread (a dispatch costs a few microseconds)
+# bytes between addresses that share an L1 set (32 KiB 8-way, 48 KiB 12-way): a register tile broadcasting from
+# 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
+# in place from 512 channels-last channels: 0.87 -> 0.97 ms)
+L1_WAY_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class DirectPlan:
     chunk: int = 0  # input channel blocks per chunk ("chunks"), else all of them
     ring: tuple[int, int] | None = None  # the zero ring a block keeps above and left of the input: the padding
     # (None), or less where no tap reaches it (``_extent``)
+    in_place: bool = False  # the input read where it is, not repacked (``reads_in_place``): no workspace
 
     @property
     def rh(self) -> int:
@@ -97,7 +103,7 @@ class DirectPlan:
 
     @property
     def workspace_floats(self) -> int:
-        return self.batch * self.ncb * self.hp * self.wp * self.cbi
+        return 0 if self.in_place else self.batch * self.ncb * self.hp * self.wp * self.cbi
 
     @property
     def workspace_bytes(self) -> int:
@@ -170,13 +176,28 @@ def direct_pays(g: ConvGeometry, co: int) -> bool:
     return g.kh * g.kw > 1 or g.ow <= 16 or (g.ci >= 128 and co >= 64)
 
 
-def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DirectPlan:
+def reads_in_place(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -> bool:
+    """Can the direct kernel read this convolution's input where it is (``strides``: the input's, NCHW order),
+    without the repacked copy? A 1x1 unpadded convolution (any stride) whose input keeps each pixel's channels
+    contiguous (channels-last) and pixels a whole number of channel blocks apart: one pixel's block of input
+    channels is then what the register tile broadcasts from, as from a repacked block (ResNet-50's 1x1
+    convolutions between channels-last buffers; a strided one reads only the pixels it uses, where the copy
+    moved all of them), except where the pixels it reads are a whole number of ``L1_WAY_BYTES`` apart."""
+    cbi = min(lanes, g.ci)
+    return (strides is not None and len(strides) == 4 and g.kh == g.kw == 1 and g.ph == g.pw == 0
+            and strides[1] == 1 and g.ci % cbi == 0 and strides[3] % cbi == 0
+            and (4 * g.sw * strides[3]) % L1_WAY_BYTES != 0)
+
+
+def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
+                strides: Sequence[int] | None = None) -> DirectPlan:
     """The register tile: channel vectors x pixels of the most useful accumulators that fit the register
     file beside one weight vector per channel vector and the broadcast input (one register; two where the
     FMA cannot take a broadcast from memory, i.e. without AVX-512): accumulators times the share of them a
     row (its last tile may be shorter) and the output channels (the last channel tile may run past them)
     keep busy; 1 to 4 channel vectors (1 only when the channels fill only one) and at most 14 pixels; ties
-    go to the longer pixel run. AVX-512: 2 x 14 (4 x 6 would leave 7-wide rows a 1-pixel tail: 3 x 7)."""
+    go to the longer pixel run. AVX-512: 2 x 14 (4 x 6 would leave 7-wide rows a 1-pixel tail: 3 x 7). ``strides``:
+    the input's, when known: read in place where ``reads_in_place`` allows."""
     lanes, regs = target.lanes, target.vector_registers
     spare = 1 if "avx512f" in target.features else 2
     best = (0.0, 0, 0)
@@ -194,6 +215,7 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
             best = (score, nv, px)
     _, nv, px = best
     cbi = min(lanes, g.ci)
+    inplace = reads_in_place(g, strides, lanes)
     (rh, hp), (rw, wp) = _extent(g.oh, g.kh, g.sh, g.dh, g.ph, g.h), _extent(g.ow, g.kw, g.sw, g.dw, g.pw, g.w)
     no = nv * lanes
     t = threads if threads > 1 and 2.0 * batch * co * g.oh * g.ow * g.ci * g.kh * g.kw >= PAR_MIN_FLOPS else 1
@@ -221,8 +243,8 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     if order == "oc" and ncb * tile_w > target.l2_bytes // 2 and 4 * no * g.oh * g.ow <= target.l2_bytes // 4:
         chunk = max(1, (target.l2_bytes // 4) // tile_w)
         if chunk < ncb:
-            return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw))
-    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw))
+            return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw), inplace)
+    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace)
 
 
 def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
@@ -264,13 +286,17 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     packed by ``pack_direct``, ``c`` (N, Co, OH*OW), ``ws`` the workspace (the repacked input).
     ``channels_last``: the local buffer pixel-major (``dconvp_`` tiles, no transpose) and the epilogue per
     pixel along its channels, for a destination whose channels are contiguous. ``scale`` (N, Ci): the input
-    multiplied by it per image and channel as it is repacked (a squeeze-and-excitation scale)."""
+    multiplied by it per image and channel as it is repacked (a squeeze-and-excitation scale). A plan that reads
+    ``x`` in place (``DirectPlan.in_place``) has no repacking phase and leaves ``ws`` unused."""
     g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
     t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
     tv1: Expr = t1 if T > 1 else Const(0)
     tv2: Expr = t2 if T > 1 else Const(0)
     block = p.hp * p.wp * cbi
-    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b, scale, (p.rh, p.rw))
+    if p.in_place and scale is not None:
+        raise ValueError("direct convolution: an input read in place cannot be scaled on the way")
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b, scale, (p.rh, p.rw)) \
+        if not p.in_place else None
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
@@ -311,12 +337,19 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             cb0, nblk, accumulate = chunked
             xoff = xoff + cb0 * (p.batch * block)
             woff = woff + cb0 * (g.kh * per_row)
-        uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
-                         (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl)
         at = simplify(at0 + x0)
         where = (at, simplify(oct * p.no) if wide else Const(0)) if cl else (Const(0), at)
-        return Micro(uk, (simplify(nblk), Ptr(ws, (simplify(xoff),)), Ptr(wp, (oct, simplify(woff))),
-                          Ptr(acc, where), Const(ldc)))
+        if p.in_place:  # (1x1, unpadded: the tile's pixels in the input itself, a block cbi floats on)
+            xs = x.layout.dims
+            uk = dconv_micro(p.no, px, cbi, 1, 1, g.sw * xs[3][3] // cbi, g.dh, g.dw, cbi, g.sh * xs[2][3], 0,
+                             accumulate=accumulate, pixel_major=cl)
+            c0 = simplify(chunked[0] * cbi) if chunked is not None else Const(0)
+            xin = Ptr(x, (b, c0, simplify(oy * g.sh), simplify(x0 * g.sw)))
+        else:
+            uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
+                             (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl)
+            xin = Ptr(ws, (simplify(xoff),))
+        return Micro(uk, (simplify(nblk), xin, Ptr(wp, (oct, simplify(woff))), Ptr(acc, where), Const(ldc)))
 
     def tiles(k0: int, k1: int, chunked: Chunk) -> tuple[Stmt, ...]:
         out: tuple[Stmt, ...] = ()
@@ -381,11 +414,14 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t, rest)),)
         nest = (For(oct, o0, o1, (Alloc(acc, (*first, *later, epilogue)),)),)
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
+    params = (x, wp, c, *((scale,) if scale is not None else ()))
+    if phase1 is None:  # read in place: no repacking, no workspace
+        return Func(name, params, (For(t2, Const(0), Const(T), (phase2,), "parallel") if T > 1 else phase2,))
     if T > 1:
         body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
                                   For(t2, Const(0), Const(T), (phase2,), "parallel"))
     else:
         body = (phase1, phase2)
-    return Func(name, (x, wp, c, *((scale,) if scale is not None else ())), (Alloc(ws, body),), (ws,))
+    return Func(name, params, (Alloc(ws, body),), (ws,))
 
 

@@ -23,7 +23,7 @@ from dlcc.lower.kir import Buffer, Program
 from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
-from dlcc.schedule.direct import direct_pays, plan_direct, trim_taps
+from dlcc.schedule.direct import direct_pays, plan_direct, reads_in_place, trim_taps
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -171,8 +171,19 @@ def _attention_bytes(node: ir.Node, target: Target, threads: int) -> int:
     return attention_plan(b, h, sq, sk, d, target, threads).workspace_bytes
 
 
-def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
-    """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight?)."""
+def _direct_in_place(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int,
+                     strides: tuple[int, ...] | None) -> bool:
+    """Does this Conv run as the direct kernel reading its input (``strides``) in place (no workspace)?"""
+    if strides is None:
+        return False
+    form = blocked_conv_form(node, is_const, target, threads)
+    return form is not None and form[0] == "direct" and reads_in_place(form[1], strides, target.lanes)
+
+
+def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int,
+                         strides: tuple[int, ...] | None = None) -> int:
+    """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight? ``strides``: its
+    first input's, where known: a direct convolution reading it in place asks for none)."""
     if node.op_type == "Attention" and node.domain == "dlcc":
         return _attention_bytes(node, target, threads)
     if node.op_type in ("MaxPool", "AveragePool") and node.inputs and node.inputs[0] is not None:
@@ -186,6 +197,8 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
                 and group > 1 and is_const(w)):
             ws = _shape(w)  # depthwise: channel-blocked, or the plane kernel (no workspace)
             return _blocked_depthwise_bytes(node, (ws[2], ws[3]), target, threads) if len(ws) == 4 else 0
+        if _direct_in_place(node, is_const, target, threads, strides):
+            return 0
         dims = _pointwise_conv_dims(node, is_const)
         rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
         if dims is not None:  # a 1x1 stride-1 one may take either form: room for both
@@ -212,8 +225,10 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
             if step.kind != "template" or step.anchor is None or step.workspace is not None:
                 continue
             fused = fused_plan(p, step, target, threads)
+            x = step.anchor.inputs[0] if step.anchor.inputs else None
+            strides = p.window(p.value_buffer[x])[2] if x in p.value_buffer and step.input_scale is None else None
             nbytes = 4 * fused.workspace_floats if fused is not None else \
-                node_workspace_bytes(step.anchor, p.is_constant, target, threads)
+                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides)
             if nbytes and step.input_scale is not None:  # the folded per-channel scale (``chscale``), after the
                 n, c = (int(d) for d in step.input_scale.outputs[0].shape[:2])  # repacking: one per image, channel
                 nbytes += 4 * n * c

@@ -31,7 +31,15 @@ from dlcc.codegen.cbase import Operand, TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.lower.lir import Buf, Func, Layout, verify_func
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
-from dlcc.schedule.direct import DirectPlan, direct_func, direct_pays, pack_direct, plan_direct, trim_taps
+from dlcc.schedule.direct import (
+    DirectPlan,
+    direct_func,
+    direct_pays,
+    pack_direct,
+    plan_direct,
+    reads_in_place,
+    trim_taps,
+)
 from dlcc.schedule.dwconv import DwcPlan, dw_func, dwc_func, pack_dwc, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -131,6 +139,10 @@ def conv(call: TemplateCall) -> str:
         raise TemplateError("Conv: internal: a strided destination that is not channels-last")
     g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
                      pb[0], pb[1]) if r == 2 else None
+    # the direct kernel reading its input in place needs no workspace (``schedule.direct.reads_in_place``)
+    in_place = (r == 2 and group == 1 and call.input_scale is None and direct_pays(g, M)
+                and reads_in_place(g, xref.strides, call.target.lanes))
+    has_ws = call.workspace is not None or in_place
     if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
         dw = _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
         if dw is not None:
@@ -138,7 +150,7 @@ def conv(call: TemplateCall) -> str:
     if not call.scratch.contiguous or call.input_scale is not None:
         # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
         # kernel above, or the direct one) or a per-channel scale folded into the input (``schedule.chscale``)
-        if (r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks
+        if (r == 2 and group == 1 and w.const is not None and has_ws and repacks
                 and direct_pays(g, M)):
             blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if blocked is not None:
@@ -146,6 +158,10 @@ def conv(call: TemplateCall) -> str:
         raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
                             "cannot take")
     gemm_ok = group == 1 and w.const is not None and call.workspace is not None and call.scratch.contiguous
+    if in_place and w.const is not None and call.scratch.contiguous and repacks:
+        blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+        if blocked is not None:
+            return blocked
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         if repacks and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
             wino = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
@@ -280,7 +296,8 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
     epilogue."""
     g, (y0, y1), (x0, x1) = trim_taps(g)  # taps no output reaches inside the input: dropped
     w4 = w4[:, :, y0:y1, x0:x1]
-    plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads)
+    plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads,
+                       xref.strides if call.input_scale is None else None)
     return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func)
 
 
@@ -299,7 +316,8 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     direct or the Winograd form), or None when the declared workspace is smaller than the plan's; the weight
     packed at compile time (``pack``, only when it runs); each output pixel through the fused epilogue."""
     ws, c, sc = call.workspace, call.scratch, call.input_scale
-    if plan.workspace_floats + (sc.batch * sc.channels if sc is not None else 0) > ws.size:
+    need = plan.workspace_floats + (sc.batch * sc.channels if sc is not None else 0)
+    if need > (ws.size if ws is not None else 0):
         return None
     names = call.names
     wpk = call.packed(pack())
@@ -308,9 +326,9 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     cl = not c.contiguous  # a channels-last destination (the caller checked): the direct kernel's pixel-major form
     cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None if not cl else (
         c.strides[0], 1, plan.co), c.offset))
-    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size if ws is not None else 1,)), "workspace")
     kw: dict = {"channels_last": True} if cl else {}
-    ptrs, pre = {wsb.name: ws.base()}, ""
+    ptrs, pre = ({wsb.name: ws.base()} if ws is not None else {}), ""
     if sc is not None:  # the factors first, after the repacking's floats; the repacking multiplies by them
         scb = Buf(names("sc"), "float32", Layout.strided((sc.batch, sc.channels)))
         at = f"({ws.base()} + {plan.workspace_floats})"
@@ -321,7 +339,8 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
         ptrs[scb.name] = at
         kw["scale"] = scb
     f = func(plan, x, wp, cb, wsb, fresh=names, **kw)
-    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size, cl, sc is not None)
+    _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size if ws is not None else 1, cl,
+                         sc is not None)
     outs = [g.oh, g.ow]
 
     def store(idx, v):
