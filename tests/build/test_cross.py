@@ -49,7 +49,7 @@ def _winograd_conv() -> onnx.ModelProto:
 
 def _expand_depthwise() -> onnx.ModelProto:
     """A 1x1 convolution (8 -> 28 channels, bias and Clip) whose result only a 3x3 depthwise convolution reads:
-    fused into one kernel on NEON (``gemmq_`` tiles of 3 vectors, 7 blocks of 4 channels: a partial group)."""
+    fused into one kernel on NEON (``gemmq``-family tiles of 3 vectors, 7 blocks of 4 channels: a partial group)."""
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(5)
@@ -100,7 +100,7 @@ def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -
     kernels = "".join(p.read_text() for p in out.glob("kernels_*.c"))
     assert "vector_size(16)" in kernels
     assert ("dlcc_uk_wgi_4_" in kernels) == (name == "winograd")
-    assert ("dlcc_uk_gemmq_" in kernels) == (name == "expand_depthwise")
+    assert ("dlcc_uk_gemmq" in kernels) == (name == "expand_depthwise")
     if name == "nhwc_block":
         assert "dlcc_uk_dconvp_" in kernels
     manifest = json.loads((out / "model.json").read_text())

@@ -21,10 +21,10 @@ from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
 from dlcc.lower.interp import interpret
 from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
-from dlcc.lower.micro import gemmq_micro
+from dlcc.lower.micro import apply_post, gemmq_micro, gemmqe_micro, post_tag
 from dlcc.schedule.dwconv import pack_dwc
 from dlcc.schedule.gemm import ConvGeometry
-from dlcc.schedule.pwdw import pack_pw, plan_pwdw, pwdw_func
+from dlcc.schedule.pwdw import pack_bias, pack_pw, plan_pwdw, pwdw_func
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import assert_close, ort_output, runnable_targets
 
@@ -50,9 +50,12 @@ def _ref(x, wpw, bias, wdw, kh, s, pad, dil):
                                      (dil, dil), (pad, pad)) for i in range(wpw.shape[0])], 1)
 
 
-@pytest.mark.parametrize("target,n,k,c,h,w,kh,s,pad,dil,over",
-                         [(t, *case) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for case in CASES])
-def test_pwdw_loop_ir_matches_numpy(target, n, k, c, h, w, kh, s, pad, dil, over):
+@pytest.mark.parametrize("target,n,k,c,h,w,kh,s,pad,dil,over,regs",
+                         [(t, *case, False) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for case in CASES]
+                         + [("x86-64-v4", *case, True) for case in CASES[:8]])
+def test_pwdw_loop_ir_matches_numpy(target, n, k, c, h, w, kh, s, pad, dil, over, regs):
+    """``regs``: the 1x1 convolution's bias and Clip applied in its tiles' registers (``gemmqe_``), no producer
+    epilogue."""
     oh = (h + 2 * pad - (kh - 1) * dil - 1) // s + 1
     g = ConvGeometry(c, h, w, oh, oh, kh, kh, s, s, dil, dil, pad, pad)
     p = plan_pwdw(g, k, n, get_target(target), 1)
@@ -66,8 +69,11 @@ def test_pwdw_loop_ir_matches_numpy(target, n, k, c, h, w, kh, s, pad, dil, over
     f = pwdw_func(p, Buf("x", "float32", xl), Buf("wpw", "float32", Layout.strided(wpb.shape)),
                   Buf("wdw", "float32", Layout.strided(wdb.shape)),
                   Buf("c", "float32", Layout.strided((n, c, oh * oh))),
-                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), True, True)
+                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), not regs, True,
+                  post=(Buf("bias", "float32", Layout.strided((p.ncb * p.cbi,))), post_tag("clip", 0.0, 6.0))
+                  if regs else None)
     verify_func(f)
+    assert ("gemmqe_" in repr(f.body)) == regs
     out = np.full((n, c, oh * oh), np.nan, np.float32)
     seen = []
 
@@ -75,8 +81,9 @@ def test_pwdw_loop_ir_matches_numpy(target, n, k, c, h, w, kh, s, pad, dil, over
         seen.append(i)
         out[i] = v
 
-    run_func(f, {"x": x.ravel().copy(), "wpw": wpb, "wdw": wdb.ravel(), "c": np.zeros(out.size, np.float32)},
-             epilogue, producer=lambda i, v: np.float32(min(max(v + bias[i[1]], 0), 6)))
+    run_func(f, {"x": x.ravel().copy(), "wpw": wpb, "wdw": wdb.ravel(), "c": np.zeros(out.size, np.float32),
+                 "bias": pack_bias(bias, p)}, epilogue,
+             producer=lambda i, v: np.float32(min(max(v + bias[i[1]], 0), 6)))
     ref = _ref(x, wpw, bias, wdw, kh, s, pad, dil)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-5)
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
@@ -127,6 +134,50 @@ def test_gemmq_micro_kernel_matches_its_contract(target):
             assert (got[5 * t.lanes:ldq] == 7.0).all()  # nothing between the blocks
 
 
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("kind,lo,hi", [("none", None, None), ("relu", None, None), ("clip", 0.0, 6.0),
+                                        ("clip", -1.5, 2.25)])
+def test_gemmqe_applies_bias_and_activation_in_registers(target, kind, lo, hi):
+    """``gemmqe_``: the tile plus a bias per column, then ReLU or Clip, before the store; against its reference,
+    and that against the elementwise chain's semantics: a NaN passes, -0 stays -0 under ReLU, Clip's bounds
+    replace values equal to them."""
+    t = get_target(target)
+    if t.lanes < 4:
+        pytest.skip(f"{target}: one float per vector, the fused kernel does not run")
+    rng = np.random.default_rng(10)
+    lda, kc, ldq, mr, nr = 11, 7, 2 * t.lanes * 4 + 3, 4, 2 * t.lanes
+    tag = post_tag(kind, lo, hi)
+    name = gemmqe_micro(mr, nr, lda, t.lanes, tag)
+    src = PRELUDE + vector_helpers(t.lanes) + "\n" + micro_c(name, t.lanes)
+    src += (f"void w(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t ldq, const float* bias)"
+            f" {{ dlcc_uk_{name}(kc, a, b, c, ldc, ldq, bias); }}\n")
+    a = rng.standard_normal(kc * lda).astype(np.float32)
+    a[:mr] = [np.nan, 0.0, 1e30, -1e30]  # k = 0: rows of NaN, zero, +inf and -inf products (b's row 0 is 1)
+    b = rng.standard_normal(kc * nr).astype(np.float32)
+    b[:nr] = 1.0
+    a[lda:lda + mr] = 0.0
+    bias = rng.standard_normal(nr).astype(np.float32) * 3
+    bias[0] = -0.0
+    want, got = (np.full(2 * ldq, 7.0, np.float32) for _ in range(2))
+    MICRO[name].reference({"a": a, "b": b, "c": want, "bias": bias}, {"a": 0, "b": 0, "c": 0, "bias": 0},
+                          {"kc": kc, "ldc": t.lanes, "ldq": ldq})
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    with tempfile.TemporaryDirectory() as tmp:
+        fn = _build(src, tmp, t).w
+        fn.argtypes = [i64, ptr, ptr, ptr, i64, i64, ptr]
+        fn(kc, *(v.ctypes.data_as(ptr) for v in (a, b, got)), t.lanes, ldq, bias.ctypes.data_as(ptr))
+    finite = np.isfinite(want) & (np.abs(want) < 1e29)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-4)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got).any()
+    assert np.array_equal(got[~finite & ~np.isnan(got)], want[~finite & ~np.isnan(want)])
+    x = np.array([np.nan, -0.0, 0.0, -2.0, 7.0, -1.5, 2.25], np.float32)  # (dlcc_relu, dlcc_max, dlcc_min)
+    chain = {"none": x, "relu": np.where(x < 0, 0, x)}.get(kind)
+    if kind == "clip":
+        chain = np.where(x <= lo, np.float32(lo), x)
+        chain = np.where(chain >= hi, np.float32(hi), chain)
+    assert np.array_equal(apply_post(x, tag).view(np.uint32)[1:], np.asarray(chain, np.float32).view(np.uint32)[1:])
+
+
 def _block(n=1, k=16, c=40, h=28, w=28, kh=3, s=1, act="Clip", extra_reader=False, seed=0):
     """An inverted-residual block's expand (1x1) -> depthwise -> project (1x1), the activation after each of the
     first two; ``extra_reader``: the expand's result is a second output too."""
@@ -173,7 +224,10 @@ def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     m, feeds = _block(n, k, c, h, h, kh, s, act)
     ref = ort_output(m, feeds)
     cm = dlcc.compile(m, threads=threads)
-    assert len(_fused(cm)) == 1 and "dlcc_uk_gemmq_" in cm.artifacts.csource.source
+    src = cm.artifacts.csource.source
+    assert len(_fused(cm)) == 1 and "dlcc_uk_gemmq" in src
+    # the expand's bias and Clip in the 1x1 tiles' registers (not for SiLU, nor in the 7x7 flat form)
+    assert ("dlcc_uk_gemmqe_" in src) == (act == "Clip" and h >= 14)
     assert len(cm.artifacts.program.kernels) == 2
     assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
     art = cm.artifacts

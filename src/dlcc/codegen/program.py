@@ -247,7 +247,8 @@ class _KernelGen:
                 return _statement_expr(*pparts(idx, f"{val} + {bias.at([idx[1]])}" if bias is not None else val))
 
             identity = bias is None and step.producer.outputs[0] is pn.outputs[0]
-            producer = Producer(pn, pops, pchain, identity)
+            post = _bias_post(step.producer, gen) if bias is not None and pops[2].const is not None else None
+            producer = Producer(pn, pops, pchain, identity, post)
         scale = None
         if step.input_scale is not None:  # a per-channel Mul folded into this Conv (``schedule.chscale``)
             xv, gv, _ = scale_operands(self.p, step.input_scale)
@@ -260,6 +261,41 @@ class _KernelGen:
         code = TEMPLATES[op_key(node)](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"
+
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _bias_post(step: Step, gen: ExprGen) -> tuple[str, float | None, float | None] | None:
+    """The fused chain of a producer step (its anchor, then at most one float32 Relu or Clip with constant bounds
+    reading the anchor's result) as an in-register epilogue (``Producer.post``), else None. An absent Clip bound
+    is the float32 extreme, as the chain's C has it."""
+    a, rest = step.anchor, [n for n in step.nodes if n is not step.anchor]
+    if a is None or value_dtype(a.outputs[0]) != "float32":
+        return None
+    if not rest:
+        return ("none", None, None) if step.outputs[0] is a.outputs[0] else None
+    if len(rest) != 1 or rest[0].inputs[0] is not a.outputs[0] or step.outputs[0] is not rest[0].outputs[0]:
+        return None
+    n = rest[0]
+    if n.domain not in ("", "ai.onnx"):
+        return None
+    if n.op_type == "Relu":
+        return "relu", None, None
+    if n.op_type != "Clip":
+        return None
+    bounds: list[float] = []
+    for i, (name, default) in enumerate((("min", -FLT_MAX), ("max", FLT_MAX))):
+        v = n.inputs[i + 1] if len(n.inputs) > i + 1 else None
+        attr = n.attributes.get(name)
+        if v is not None:
+            c = gen.const_of(v)
+            if c is None or c.size != 1:
+                return None
+            bounds.append(float(np.float32(c.reshape(()))))
+        else:
+            bounds.append(float(np.float32(attr.value)) if attr is not None else default)
+    return "clip", bounds[0], bounds[1]
 
 
 def _statement_expr(stmts: list[str], expr: str) -> str:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from dlcc.codegen.cbase import c_float, indent
 from dlcc.lower.micro import AttnSpec
 
@@ -42,6 +44,7 @@ _DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?$")
+_GEMMQE = re.compile(r"gemmqe_(\d+)x(\d+)_(\d+)_v\d+_(n|r|c[0-9a-f]{8}_[0-9a-f]{8})$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
 _WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
 
@@ -69,6 +72,9 @@ def micro_c(name: str, lanes: int) -> str:
     m = _GEMMR.match(name)
     if m is not None:
         return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q")
+    m = _GEMMQE.match(name)
+    if m is not None:
+        return _gemm(int(m.group(1)), int(m.group(2)), lanes, lda=int(m.group(3)), split=True, post=m.group(4))
     m = _WGI.match(name)
     if m is not None:
         return _wgi(*(int(v) for v in m.groups()), lanes=lanes)
@@ -85,11 +91,13 @@ def micro_c(name: str, lanes: int) -> str:
 
 
 def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | None = None,
-          split: bool = False) -> str:
+          split: bool = False, post: str | None = None) -> str:
     """``gemm_``/``gemmt_`` over a packed A micro-panel, or with ``lda`` ``gemmr_``: A read in place, row-major
     (mr rows at a constant stride, each value broadcast from its row), or with ``split`` ``gemmq_``: A read in
     place with k at stride ``lda`` (a packed panel's order, whose k-rows are ``lda`` apart), the whole tile
-    stored, each vector of columns ``ldq`` apart (no accumulation, no partial tile)."""
+    stored, each vector of columns ``ldq`` apart (no accumulation, no partial tile); with ``post`` (a
+    ``lower.micro.post_tag``) ``gemmqe_``: a bias vector per column added and the epilogue applied in registers
+    before the store, as selects on comparison masks (a NaN passes, as in the elementwise chain's helpers)."""
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
     nv = nr // lanes
@@ -133,10 +141,14 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
     name = (f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None
             else f"gemmq_{mr}x{nr}_{lda}_v{lanes}" if split else f"gemmr_{mr}x{nr}_{lda}")
+    if split and post is not None:
+        name = f"gemmqe_{mr}x{nr}_{lda}_v{lanes}_{post}"
+        lines += _post(acc, post, nv, lanes)
     if split:
         stores = [f"dlcc_vf_store(c + {q} * ldq + {r} * ldc, {acc[r][q]});" for q in range(nv) for r in range(mr)]
+        bias = ", const float* restrict bias" if post is not None else ""
         return (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
-                f"float* restrict c, int64_t ldc, int64_t ldq) {{\n{indent(chr(10).join(lines + stores))}\n}}\n")
+                f"float* restrict c, int64_t ldc, int64_t ldq{bias}) {{\n{indent(chr(10).join(lines + stores))}\n}}\n")
     head = (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
             f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n")
     if transposed:  # through a local tile: c[j*ldc + r] for each column j < ncols, rows r < mr contiguous
@@ -162,6 +174,29 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
                  f"    if (acc) {{\n{indent(chr(10).join(full_acc), 2)}\n    }}\n{indent(chr(10).join(full_st))}\n"
                  f"}} else {{\n{indent(chr(10).join(tile))}\n}}")
     return f"{head}{indent(chr(10).join(lines))}\n}}\n"
+
+
+def _post(acc: list[list[str]], tag: str, nv: int, lanes: int) -> list[str]:
+    """C adding the bias vectors to the accumulators ``acc[r][q]`` and applying ``tag`` (``lower.micro.post_tag``):
+    x < 0 -> 0 (ReLU); x <= lo -> lo, then x >= hi -> hi (Clip); bit selects on the comparison masks."""
+    out = [f"typedef int32_t dlcc_qe_vi __attribute__((vector_size({4 * lanes})));"]
+    out += [f"const dlcc_vf bias{q} = dlcc_vf_load(bias + {q * lanes});" for q in range(nv)]
+    sel = ("{{ const dlcc_qe_vi m = (dlcc_qe_vi)({a} {op} {k}); "
+           "{a} = (dlcc_vf)((m & (dlcc_qe_vi){k}) | (~m & (dlcc_qe_vi){a})); }}")
+    if tag == "r":
+        out.append("const dlcc_vf zero = (dlcc_vf){0};")
+        steps = [("<", "zero")]
+    elif tag.startswith("c"):
+        lo, hi = (c_float(float(np.array(int(b, 16), np.uint32).view(np.float32))) for b in tag[1:].split("_"))
+        out.append(f"const dlcc_vf lo = (dlcc_vf){{0}} + {lo}, hi = (dlcc_vf){{0}} + {hi};")
+        steps = [("<=", "lo"), (">=", "hi")]
+    else:
+        steps = []
+    for row in acc:
+        for q, a in enumerate(row):
+            out.append(f"{a} += bias{q};")
+            out += [sel.format(a=a, op=op, k=k) for op, k in steps]
+    return out
 
 
 def _im2col(name: str, h: int, w: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, ph: int,

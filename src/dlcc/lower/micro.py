@@ -74,8 +74,8 @@ import numpy as np
 from dlcc.lower.lir import MICRO, MicroKernel
 
 __all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSpec", "attn_micro", "attn_reference",
-           "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro", "gemmr_micro", "gemmt_micro",
-           "im2col_micro", "nchwc_micro", "wgi_micro", "wgo_micro"]
+           "apply_post", "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro", "gemmqe_micro",
+           "gemmr_micro", "gemmt_micro", "im2col_micro", "nchwc_micro", "post_tag", "wgi_micro", "wgo_micro"]
 
 
 def gemm_micro(mr: int, nr: int) -> str:
@@ -388,6 +388,63 @@ def gemmq_micro(mr: int, nr: int, lda: int, lanes: int) -> str:
         name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("ldq", "int")),
         f"c[(j/{lanes})*ldq + r*ldc + j%{lanes}] = sum_k a[k*{lda} + r] * b[k*{nr} + j], r < {mr}, j < {nr}",
         footprint, reference)
+    return name
+
+
+def post_tag(kind: str, lo: float | None = None, hi: float | None = None) -> str:
+    """The name part of an in-register epilogue after a per-column bias: ``n`` (none), ``r`` (ReLU: 0 where x < 0)
+    or ``c{lo}_{hi}`` (Clip: lo where x <= lo, then hi where x >= hi; the float32 bounds' bit patterns in hex).
+    A NaN passes all three, as the elementwise chain's dlcc_relu, dlcc_max and dlcc_min let it."""
+    if kind == "clip":
+        bits = [int(np.array(v, np.float32).view(np.uint32)) for v in (lo, hi)]
+        return f"c{bits[0]:08x}_{bits[1]:08x}"
+    return {"none": "n", "relu": "r"}[kind]
+
+
+def apply_post(v: np.ndarray, tag: str) -> np.ndarray:
+    """``post_tag``'s epilogue on float32 values (the reference of ``gemmqe_``)."""
+    v = v.astype(np.float32)
+    if tag == "r":
+        return np.where(v < 0, np.float32(0), v)
+    if tag.startswith("c"):
+        lo, hi = (np.array(int(b, 16), np.uint32).view(np.float32) for b in tag[1:].split("_"))
+        v = np.where(v <= lo, lo, v)
+        return np.where(v >= hi, hi, v)
+    return v
+
+
+def gemmqe_micro(mr: int, nr: int, lda: int, lanes: int, tag: str) -> str:
+    """``gemmq_`` whose tile gets a per-column bias and the epilogue ``tag`` (``post_tag``) in registers before
+    its store: the 1x1 convolution of a fused 1x1 -> depthwise pair with its bias and ReLU or Clip, without the
+    pass over its rows that the elementwise chain would make (``schedule.pwdw``)."""
+    name = f"gemmqe_{mr}x{nr}_{lda}_v{lanes}_{tag}"
+    if name in MICRO:
+        return name
+    nv = nr // lanes
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        kc = max(s["kc"], 1)
+        return {"a": (kc, lda, mr), "b": (1, 0, kc * nr), "c": (nv, s["ldq"], (mr - 1) * s["ldc"] + lanes),
+                "bias": (1, 0, nr)}
+
+    def reference(arrays, offsets, s) -> None:
+        kc, ldc, ldq = s["kc"], s["ldc"], s["ldq"]
+        a, ao = arrays["a"], offsets["a"]
+        a = np.stack([a[ao + k * lda:ao + k * lda + mr] for k in range(kc)]).astype(np.float64)
+        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
+        bias = arrays["bias"][offsets["bias"]:offsets["bias"] + nr].astype(np.float32)
+        prod = apply_post((a.T @ b).astype(np.float32) + bias, tag)  # [mr, nr]
+        c, o = arrays["c"], offsets["c"]
+        for q in range(nv):
+            for r in range(mr):
+                at = o + q * ldq + r * ldc
+                c[at:at + lanes] = prod[r, q * lanes:(q + 1) * lanes]
+
+    MICRO[name] = MicroKernel(
+        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("ldq", "int"),
+               ("bias", "in")),
+        f"c[(j/{lanes})*ldq + r*ldc + j%{lanes}] = post_{tag}(sum_k a[k*{lda} + r] * b[k*{nr} + j] + bias[j]), "
+        f"r < {mr}, j < {nr}", footprint, reference)
     return name
 
 

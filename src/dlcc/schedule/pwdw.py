@@ -54,15 +54,15 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import gemmq_micro
+from dlcc.lower.micro import gemmq_micro, gemmqe_micro
 from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads, dwc_rows
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import share
 from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.target import Target
 
-__all__ = ["PwDwPlan", "depthwise_geometry", "fuse_pointwise_depthwise", "fused_plan", "pack_pw", "plan_pwdw",
-           "pointwise_input", "pwdw_func"]
+__all__ = ["PwDwPlan", "depthwise_geometry", "fuse_pointwise_depthwise", "fused_plan", "pack_bias", "pack_pw",
+           "plan_pwdw", "pointwise_input", "pwdw_func"]
 
 
 @dataclass(frozen=True)
@@ -201,15 +201,18 @@ def _all(*conds: Expr) -> Expr:
 
 
 def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer_epilogue: bool, epilogue: bool,
-              name: str = "pwdw", fresh: Callable[[str], str] = str) -> Func:
+              name: str = "pwdw", fresh: Callable[[str], str] = str, post: tuple[Buf, str] | None = None) -> Func:
     """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps Wdw[ch, tap] * e(sum_k Wpw[ch, k] * x[b, k, iy, ix])``
     following ``p`` (module docstring): ``x`` (N, K, H, W) with unit column stride (flat plans: (N, K, H*W) with
     unit pixel stride), ``wpw`` packed by ``pack_pw``
     (1-D), ``wdw`` by ``schedule.dwconv.pack_dwc``, ``c`` (N, C, OH*OW) with unit pixel stride, ``ws`` the
     workspace. ``e``: the pointwise convolution's epilogue (``Epilogue`` with a destination over each computed
     row, index (b, ch, iy, ix)) when ``producer_epilogue``, else none. Without ``epilogue`` the local tiles are
-    copied into ``c``."""
+    copied into ``c``. ``post`` (bias, tag): instead of the producer's epilogue, the 1x1 tiles add the bias (packed
+    by ``pack_bias``) and apply ``tag`` (``lower.micro.post_tag``) in registers (``gemmqe_``); not for flat plans."""
     g, T, cbi, nv = p.g, p.threads, p.cbi, p.nv
+    if post is not None and (p.flat or producer_epilogue):
+        raise ValueError("pwdw: an in-register epilogue replaces the producer's, and not in the flat form")
     t, b, ob, cg, jb, lr, xt, xx, ln, zq = (Var(fresh(v)) for v in (
         "t", "b", "ob", "cg", "jb", "lr", "xt", "xx", "l", "z"))
     tv: Expr = t if T > 1 else Const(0)
@@ -251,9 +254,12 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
 
     def pw_tile(x0: Expr, mr: int) -> Stmt:
         def call(blocks: int) -> Stmt:
-            return Micro(gemmq_micro(mr, blocks * cbi, xc, cbi), (
-                Const(p.k), Ptr(x, (b, Const(0), iy, x0)), Ptr(wpw, (simplify(cg * (p.k * nv * cbi)),)),
-                Ptr(ws, (simplify(gbase + lr * row + (x0 + g.pw) * cbi),)), Const(cbi), Const(blk_floats)))
+            args = (Const(p.k), Ptr(x, (b, Const(0), iy, x0)), Ptr(wpw, (simplify(cg * (p.k * nv * cbi)),)),
+                    Ptr(ws, (simplify(gbase + lr * row + (x0 + g.pw) * cbi),)), Const(cbi), Const(blk_floats))
+            if post is not None:
+                return Micro(gemmqe_micro(mr, blocks * cbi, xc, cbi, post[1]),
+                             (*args, Ptr(post[0], (simplify(cg * (nv * cbi)),))))
+            return Micro(gemmq_micro(mr, blocks * cbi, xc, cbi), args)
         if last_nv == nv:
             return call(nv)
         return If(Bin("<", cg, Const(p.groups - 1)), (call(nv),), (call(last_nv),))
@@ -313,7 +319,15 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(ob, Const(0), bands, band_body),)),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
-    return Func(name, (x, wpw, wdw, c), (Alloc(ws, body),), (ws,))
+    return Func(name, (x, wpw, wdw, c, *((post[0],) if post is not None else ())), (Alloc(ws, body),), (ws,))
+
+
+def pack_bias(bias: np.ndarray, p: PwDwPlan) -> np.ndarray:
+    """The 1x1 convolution's bias for ``gemmqe_`` tiles: one value per channel of every block, zero past the
+    channels (group ``q``'s at q * nv * cbi)."""
+    out = np.zeros(p.ncb * p.cbi, np.float32)
+    out[:bias.size] = bias.reshape(-1)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- kernel merging

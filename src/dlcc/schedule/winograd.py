@@ -16,8 +16,9 @@ tiles; the threads split the blocks):
   row-major, one tile per row), into M[36][pb][output channels];
 - per block of ``lanes`` output channels, the output transform of each tile (``wgo_``) into a local buffer
   holding the block's output rows (channel-major), then the fused epilogue along them.
-V and M are each thread's workspace, their 36 positions an odd number of cache lines apart (``spread``). F(4x4, 3x3) loses a few bits to the transforms' constants (up to 8 and
-5/24): relative to the output's scale about 1e-5 at 256 channels, within the 1e-4 the backend promises.
+V and M are each thread's workspace, their 36 positions an odd number of cache lines apart (``spread``). F(4x4, 3x3)
+loses a few bits to the transforms' constants (up to 8 and 5/24): relative to the output's scale about 1e-5 at 256
+channels, within the 1e-4 the backend promises.
 """
 
 from __future__ import annotations

@@ -46,6 +46,9 @@ class Producer:
     inputs: list[Operand | None]
     chain: Callable[[Sequence[str], str], str]
     identity: bool
+    # the chain as an in-register epilogue after a constant bias, where it is one (``lower.micro.post_tag``'s
+    # kind, lo, hi): ("none" | "relu" | "clip", bounds); None for any other chain, or without a constant bias
+    post: tuple[str, float | None, float | None] | None = None
 
 
 @dataclass

@@ -30,6 +30,7 @@ import numpy as np
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.lower.lir import Buf, Func, Layout, verify_func
+from dlcc.lower.micro import post_tag
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
 from dlcc.schedule.direct import (
     DirectPlan,
@@ -54,7 +55,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_wconst,
 )
 from dlcc.schedule.pads import attr_ints, conv_pads, convt_pads
-from dlcc.schedule.pwdw import PwDwPlan, pack_pw, plan_pwdw, pwdw_func
+from dlcc.schedule.pwdw import PwDwPlan, pack_bias, pack_pw, plan_pwdw, pwdw_func
 from dlcc.schedule.winograd import WinoPlan, pack_winograd, plan_winograd, use_winograd, wino_func
 
 
@@ -407,8 +408,14 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     cb = Buf(c.ptr, "float32", Layout.strided((N, C, g.oh * g.ow), None, c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
     epilogue = not (call.direct and bref is None)
-    f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity, epilogue, fresh=names)
-    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity, epilogue, ws.size)
+    # the 1x1 convolution's bias and ReLU or Clip in registers before its tiles' stores (no pass over its rows)
+    tag = post_tag(*prod.post) if prod.post is not None and not plan.flat else None
+    post = None
+    if tag is not None:
+        bp = call.packed(pack_bias(np.asarray(prod.inputs[2].const, dtype=np.float32), plan))
+        post = (Buf(bp.ptr, "float32", Layout.strided(bp.shape)), tag)
+    f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity and tag is None, epilogue, fresh=names, post=post)
+    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity and tag is None, epilogue, ws.size, tag)
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
@@ -425,14 +432,15 @@ def _pwdw_input(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...]
 
 @functools.lru_cache(maxsize=256)
 def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], producer_epilogue: bool,
-                      epilogue: bool, ws_floats: int) -> None:
+                      epilogue: bool, ws_floats: int, tag: str | None = None) -> None:
     """verify_func on the fused loop IR of ``plan`` (the same for every pair with these shapes)."""
     x = Buf("x", "float32", _pwdw_input(plan, shape, strides))
     wpb = Buf("wpw", "float32", Layout.strided((plan.ncb * plan.k * plan.cbi,)))
     wdb = Buf("wdw", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue))
+    post = (Buf("bias", "float32", Layout.strided((plan.ncb * plan.cbi,))), tag) if tag is not None else None
+    verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue, post=post))
 
 
 def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
