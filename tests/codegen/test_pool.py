@@ -80,9 +80,24 @@ def test_global_pool(op, x_shape):
     ((2, 13, 4, 3), {"size": 5, "alpha": 0.01, "beta": 0.5, "bias": 2.0}),
     ((1, 5, 6, 1), {"size": 1, "alpha": 0.1}),
     ((1, 1, 3, 3), {"size": 5}),
+    ((1, 8, 5, 5), {"size": 3, "alpha": 0.05, "beta": 0.6}),  # exp and log
 ])
 def test_lrn(x_shape, attrs):
     _check("LRN", x_shape, attrs)
+
+
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+def test_lrn_two_threads(beta):
+    """GoogLeNet's LRN shape, compiled for two threads: the channels split between them, no libm pow."""
+    import dlcc
+
+    attrs = {"size": 5, "alpha": 0.002, "bias": 0.5, "beta": beta}
+    x = np.random.default_rng(3).standard_normal((1, 192, 28, 28), dtype=np.float32) * 4
+    ref = _ort(_model("LRN", x.shape, attrs), {"x": x})
+    cm = dlcc.compile(_model("LRN", x.shape, attrs, list(ref.shape)), threads=2)
+    listing = cm.artifacts.program.kernels[0].steps[0].loop_ir
+    assert "parallel for" in listing and "pow(" not in listing
+    _close(list(cm({"x": x}).values())[0], ref, 1e-4)
 
 
 @pytest.mark.parametrize("size", [2, 4])

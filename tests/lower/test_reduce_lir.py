@@ -176,13 +176,18 @@ def test_arg_reductions_match_numpy(op, shape, axis, keep, last):
     np.testing.assert_array_equal(_run(f, {0: x}, ref.shape, np.int64), ref)
 
 
-@pytest.mark.parametrize("shape,size", [((2, 5, 4, 3), 3), ((1, 6, 7), 4), ((1, 3, 2, 2), 1)])
-def test_lrn_matches_numpy(shape, size):
-    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
+@pytest.mark.parametrize("shape,size,beta,threads", [
+    ((2, 5, 4, 3), 3, 0.75, 1), ((1, 6, 7), 4, 0.75, 2), ((1, 3, 2, 2), 1, 0.75, 1),
+    ((1, 9, 5, 5), 5, 0.5, 2), ((2, 4, 3, 3), 3, 1.0, 2), ((1, 7, 4, 4), 5, 0.6, 1)])  # (exp and log)
+def test_lrn_matches_numpy(shape, size, beta, threads):
+    """beta 0.75, 0.5 and 1 through square roots and a division, others through exp and log (``lrn_scale``);
+    threads over images, or channels for one image."""
+    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32) * 3
     xb, sb = Buf("x", "float32", Layout.strided(shape)), Buf("s", "float32", Layout.strided(shape))
-    alpha, beta, bias = 1e-2, 0.75, 2.0
-    f = lrn_func(xb, sb, size, alpha, beta, bias)
+    alpha, bias = 1e-1, 2.0
+    f = lrn_func(xb, sb, size, alpha, beta, bias, threads=threads)
     verify_func(f)
+    assert ("parallel" in print_func(f)) == (threads > 1) and "pow" not in print_func(f)
     C = shape[1]
     sq = np.zeros_like(x, dtype=np.float64)
     for c in range(C):

@@ -143,6 +143,8 @@ def test_layer_choice():
     assert not use_winograd(g(3, 224), 64, 1, t)  # fewer input channels than a vector
     strided = ConvGeometry(64, 56, 56, 28, 28, 3, 3, 2, 2, 1, 1, 1, 1)
     assert not use_winograd(strided, 64, 1, t)
+    assert not use_winograd(g(160, 6), 320, 1, big_l3)  # 36 of the 2 x 2 tiles' 64 outputs inside the plane
+    assert use_winograd(g(128, 13), 128, 1, big_l3)  # 169 of 256
 
 
 def _conv_model(x_shape, co, pads, residual):

@@ -153,6 +153,11 @@ def winograd_fits(g: ConvGeometry, co: int, target: Target) -> bool:
 
 
 WINO_MIN_FLOPS = 50e6  # with fewer than 64 output channels, only convolutions this large (direct FLOPs)
+# the share of its 4x4 tiles' outputs a plane must use: GoogLeNet's 6 x 6 planes use 36 of 64 (2 x 2 tiles), and
+# there the direct convolution was faster at 1 thread (160 -> 320 channels 0.21 -> 0.16 ms, 192 -> 384 0.30 ->
+# 0.23, Zen 5) and twice as fast at 2 (each thread's Winograd block reads all of U for 2 tiles); 7 x 7 uses 49 of
+# 64, 13 x 13 169 of 256
+WINO_MIN_COVER = 0.6
 
 
 def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: int = 1) -> bool:
@@ -171,6 +176,8 @@ def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: 
         return False
     cp, kp = -(-g.ci // target.lanes) * target.lanes, -(-co // target.lanes) * target.lanes
     tiles = -(-g.oh // 4) * -(-g.ow // 4)
+    if g.oh * g.ow < WINO_MIN_COVER * 16 * tiles:
+        return False  # most of the tiles' outputs past the plane (module docstring of WINO_MIN_COVER)
     return 4 * 36 * cp * kp <= target.l3_bytes // 2 or tiles >= 16
 
 

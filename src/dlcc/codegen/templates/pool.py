@@ -228,14 +228,16 @@ def lrn(call: TemplateCall) -> str:
     sref = call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     s = Buf(sref.ptr, "float32", Layout.strided(sref.shape, sref.strides, sref.offset))
-    f = lrn_func(x, s, *args, fresh=call.names)
-    _verify_lrn_once(xref.shape, xref.strides, sref.strides, args)
+    threads = call.threads if call.parallel(math.prod(xref.shape) * (2.0 * int(size) + 12)) else 1
+    f = lrn_func(x, s, *args, fresh=call.names, threads=threads)
+    _verify_lrn_once(xref.shape, xref.strides, sref.strides, args, threads)
     return call.emit(f, call.store)
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_lrn_once(shape: tuple[int, ...], x_strides: tuple[int, ...], s_strides: tuple[int, ...], args) -> None:
+def _verify_lrn_once(shape: tuple[int, ...], x_strides: tuple[int, ...], s_strides: tuple[int, ...], args,
+                     threads: int = 1) -> None:
     from dlcc.schedule.reduce import lrn_func
 
     verify_func(lrn_func(Buf("x", "float32", Layout.strided(shape, x_strides)),
-                         Buf("s", "float32", Layout.strided(shape, s_strides)), *args))
+                         Buf("s", "float32", Layout.strided(shape, s_strides)), *args, threads=threads))
