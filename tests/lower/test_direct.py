@@ -85,7 +85,8 @@ def test_direct_plan_tiles_and_order():
     assert (plan_direct(64, g56, 1, v3).no, plan_direct(64, g56, 1, v3).px) == (16, 6)  # 12 of 16 registers
     g7 = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)
     p = plan_direct(512, g7, 1, v4, 2)
-    assert (p.no, p.px, p.order, p.threads) == (48, 7, "plane", 2)  # channel tiles outside, each a 7x7 plane
+    assert (p.no, p.px, p.order, p.threads) == (32, 7, "plane", 2)  # channel tiles outside, each a 7x7 plane
+    # (2 x 7 tiles, 16 of them: 8 per thread; see test_threads_split_channel_tiles_evenly)
 
 
 @pytest.mark.parametrize("target", runnable_targets())
@@ -320,3 +321,15 @@ def test_bottleneck_reads_channels_last_in_place(threads):
     in_place = [s for s in pointwise if s.workspace is None]
     assert in_place, "no 1x1 convolution reads its channels-last input in place"
     assert_close(cm({"x": x})["y"], ref, 1e-4, 1e-6)
+
+
+def test_threads_split_channel_tiles_evenly():
+    """512 output channels at 7 x 7: 3 x 7 tiles (11 channel tiles) at 1 thread; at 2, 2 x 7 ones (16 tiles,
+    8 per thread) rather than 6 + 5 tiles; 224 channels (5 or 7 tiles, odd either way) keep the 3-vector tile."""
+    v4 = get_target("x86-64-v4")
+    g = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)
+    one, two = plan_direct(512, g, 1, v4, 1), plan_direct(512, g, 1, v4, 2)
+    assert (one.no, one.px, one.n_oct) == (48, 7, 11)
+    assert (two.no, two.px, two.n_oct, two.threads) == (32, 7, 16, 2) and two.order != "rows"
+    odd = plan_direct(224, dataclasses.replace(g, ci=224), 1, v4, 2)
+    assert odd.no == 48 and odd.n_oct == 5

@@ -53,6 +53,7 @@ MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
 CL_BAND_BYTES = 64 * 1024  # channels-last, rows outside: a band of rows of every channel tile up to this size
 PAR_MIN_FLOPS = 2e6  # below this much work one thread (a dispatch costs a few microseconds)
+BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (plan_direct's balance with threads)
 # bytes between addresses that share an L1 set (32 KiB 8-way, 48 KiB 12-way): a register tile broadcasting from
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
 # in place from 512 channels-last channels: 0.87 -> 0.97 ms)
@@ -190,19 +191,22 @@ def reads_in_place(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -
 
 
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
-                strides: Sequence[int] | None = None) -> DirectPlan:
+                strides: Sequence[int] | None = None, max_nv: int = 4) -> DirectPlan:
     """The register tile: channel vectors x pixels of the most useful accumulators that fit the register
     file beside one weight vector per channel vector and the broadcast input (one register; two where the
     FMA cannot take a broadcast from memory, i.e. without AVX-512): accumulators times the share of them a
     row (its last tile may be shorter) and the output channels (the last channel tile may run past them)
     keep busy; 1 to 4 channel vectors (1 only when the channels fill only one) and at most 14 pixels; ties
     go to the longer pixel run. AVX-512: 2 x 14 (4 x 6 would leave 7-wide rows a 1-pixel tail: 3 x 7). ``strides``:
-    the input's, when known: read in place where ``reads_in_place`` allows."""
+    the input's, when known: read in place where ``reads_in_place`` allows. With threads splitting channel tiles
+    unevenly, one channel vector less where that splits them evenly and still fills ``BALANCED_MIN_ACC``
+    accumulators (ResNet-50's 512 channels at 7 x 7, 2 threads: 11 tiles of 3 x 7 as 6 + 5, 0.63 ms; 16 tiles of
+    2 x 7 as 8 + 8, 0.56; at 1 thread within 3% either way)."""
     lanes, regs = target.lanes, target.vector_registers
     spare = 1 if "avx512f" in target.features else 2
     best = (0.0, 0, 0)
     vectors = -(-co // lanes)
-    for nv in (1, 2, 3, 4):
+    for nv in range(1, max_nv + 1):
         if nv > vectors or nv < min(2, vectors):  # one channel vector only when there is only one
             continue
         px = min(g.ow, MAX_PX, (regs - spare - nv) // nv)
@@ -235,6 +239,11 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
             order = other
     if extent[order] < t:
         t = 1
+    if t > 1 and order != "rows" and n_oct % t and n_oct < 8 * t and nv > 2:
+        alt = plan_direct(co, g, batch, target, threads, strides, nv - 1)
+        if alt.order != "rows" and alt.threads == t and alt.n_oct % t == 0 and \
+                alt.no // lanes * alt.px >= BALANCED_MIN_ACC:
+            return alt
     # a channel tile's weights beyond half of L2 (DeepLab's ASPP: 2048 input channels x 9 taps x 32 = 2.4 MB):
     # every output row would stream them from L3 again; in chunks of input blocks that stay in L2, the tile's
     # whole plane accumulating in L1/L2 instead
