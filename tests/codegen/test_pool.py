@@ -75,6 +75,17 @@ def test_global_pool(op, x_shape):
     _check(op, x_shape, {}, rtol=1e-4 if op == "GlobalAveragePool" else 1e-5)
 
 
+def test_global_pool_two_threads():
+    """A DeepLab-like 1024 x 28 x 28 mean, compiled for two threads: the channels split between them."""
+    import dlcc
+
+    x = np.random.default_rng(6).standard_normal((1, 1024, 28, 28), dtype=np.float32)
+    ref = _ort(_model("GlobalAveragePool", x.shape, {}), {"x": x})
+    cm = dlcc.compile(_model("GlobalAveragePool", x.shape, {}, list(ref.shape)), threads=2)
+    assert "parallel for" in cm.artifacts.program.kernels[0].steps[0].loop_ir
+    _close(list(cm({"x": x}).values())[0], ref, 1e-4)
+
+
 @pytest.mark.parametrize(("x_shape", "attrs"), [
     ((1, 7, 5, 5), {"size": 3}),
     ((2, 13, 4, 3), {"size": 5, "alpha": 0.01, "beta": 0.5, "bias": 2.0}),

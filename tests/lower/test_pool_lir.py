@@ -128,14 +128,16 @@ def test_window_range_bounds_every_geometry():
     ((1, 2, 7, 6), (168, 84, 12, 2), False),  # strided
     ((1, 2, 3), None, False),         # fewer elements than lanes
 ])
-def test_global_pool_func_matches_numpy(shape, strides, flat, is_max):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_global_pool_func_matches_numpy(shape, strides, flat, is_max, threads):
     lanes = 16
     x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
     xb = Buf("x", "float32", Layout.strided(shape, strides))
     xflat = _physical(x, strides) if strides else x.ravel().copy()
-    f = global_pool_func(xb, lanes, is_max)
+    f = global_pool_func(xb, lanes, is_max, threads=threads)
     verify_func(f)
     assert ("alloc acc" in print_func(f)) == flat
+    assert ("parallel for" in print_func(f)) == (threads > 1)  # images, or channels of one image, in shares
     got = np.full(shape[:2], np.nan, np.float32)
     run_func(f, {"x": xflat}, lambda idx, v: got.__setitem__(idx, v))
     axes = tuple(range(2, len(shape)))

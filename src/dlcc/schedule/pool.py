@@ -44,6 +44,7 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.schedule.loops import nest, numbered
+from dlcc.schedule.transform import loop_names, parallelize
 
 __all__ = ["PoolGeometry", "running_max", "global_pool_func", "pool_counts", "pool_func", "window_range"]
 
@@ -150,10 +151,11 @@ def pool_func(g: PoolGeometry, x: Buf, s: Buf, counts: Sequence[Buf | float] | N
 
 
 def global_pool_func(x: Buf, lanes: int, is_max: bool, name: str = "global_pool",
-                     fresh: Callable[[str], str] | None = None) -> Func:
+                     fresh: Callable[[str], str] | None = None, threads: int = 1) -> Func:
     """The average (or maximum) of each plane of ``x`` (N, C, *spatial), any strides, handed to the epilogue
     as element (n, c). A rank-3 ``x`` with unit last stride and at least ``lanes`` elements per plane (the
-    template flattens contiguous planes to that) takes ``lanes`` partial results."""
+    template flattens contiguous planes to that) takes ``lanes`` partial results. ``threads`` > 1: the outer
+    loop (images, or channels for one image) in that many shares (``schedule.transform.parallelize``)."""
     N, C, *sp = x.shape
     size = math.prod(sp)
     fresh = fresh or numbered()
@@ -189,4 +191,6 @@ def global_pool_func(x: Buf, lanes: int, is_max: bool, name: str = "global_pool"
             value = Bin("/", value, Const(float(size), "float32"))
         return (Alloc(res, (*steps, Epilogue((n, c), value))),)
 
-    return Func(name, (x,), nest((N, C), fresh, ("n", "c"), lambda nc: plane(*nc)))
+    thread = fresh("t") if threads > 1 and N * C > 1 else ""
+    f = Func(name, (x,), nest((N, C), fresh, ("n", "c"), lambda nc: plane(*nc)))
+    return parallelize(f, loop_names(f)[0], threads, thread) if thread else f
