@@ -145,8 +145,6 @@ def test_layer_choice():
     assert not use_winograd(strided, 64, 1, t)
     assert not use_winograd(g(160, 6), 320, 1, big_l3)  # 36 of the 2 x 2 tiles' 64 outputs inside the plane
     assert use_winograd(g(128, 13), 128, 1, big_l3)  # 169 of 256
-    assert use_winograd(g(224, 7), 224, 1, big_l3) and not use_winograd(g(224, 7), 224, 1, big_l3, 2)  # 2 tiles each
-    assert use_winograd(g(256, 14), 256, 1, big_l3, 2)  # 8 tiles per thread's block
 
 
 def _conv_model(x_shape, co, pads, residual):

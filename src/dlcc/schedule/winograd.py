@@ -158,11 +158,6 @@ WINO_MIN_FLOPS = 50e6  # with fewer than 64 output channels, only convolutions t
 # 0.23, Zen 5) and twice as fast at 2 (each thread's Winograd block reads all of U for 2 tiles); 7 x 7 uses 49 of
 # 64, 13 x 13 169 of 256
 WINO_MIN_COVER = 0.6
-# with threads, the tiles of each thread's block: each block reads all of U, so on a plane of two rows of tiles
-# (7 x 7) two threads each read U for 2 tiles; the direct convolution, its channel tiles split, was faster there
-# (Inception-v2's 192 -> 320 and 224 -> 224 at 7 x 7, 2 threads: 0.23 -> 0.16 and 0.19 -> 0.14 ms; at 1 thread
-# Winograd stays, 3-5% ahead)
-WINO_MIN_THREAD_TILES = 4
 
 
 def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: int = 1) -> bool:
@@ -174,10 +169,7 @@ def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: 
     the plane too small (under 16 tiles) to reuse it. Measured on Zen 5 (AVX-512), one layer at a time against
     the direct convolution, 1 and 2 threads: 64 channels at 56x56 2.97x / 2.62x faster, 128 at 28x28 2.84x /
     1.41x, 256 at 14x14 2.38x / 4.40x, 256 at 7x7 1.84x / 1.29x, 512 at 28x28 2.82x / 1.98x, SqueezeNet's
-    expand layers 1.8-2.2x / 1.0-1.9x; but 128 -> 32 channels at 14x14 1.11x / 0.68x, 512 at 7x7 1.02x / 0.54x.
-    Nor on planes whose tiles' outputs fall mostly outside (``WINO_MIN_COVER``), nor with threads whose blocks
-    would hold fewer than ``WINO_MIN_THREAD_TILES`` tiles (7 x 7 at 2 threads: measured again since, the direct
-    convolution was 1.4x faster there)."""
+    expand layers 1.8-2.2x / 1.0-1.9x; but 128 -> 32 channels at 14x14 1.11x / 0.68x, 512 at 7x7 1.02x / 0.54x."""
     if not target.winograd or not winograd_fits(g, co, target):
         return False
     if co < 64 and 2.0 * batch * co * g.oh * g.ow * g.ci * 9 < WINO_MIN_FLOPS:
@@ -186,10 +178,6 @@ def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: 
     tiles = -(-g.oh // 4) * -(-g.ow // 4)
     if g.oh * g.ow < WINO_MIN_COVER * 16 * tiles:
         return False  # most of the tiles' outputs past the plane (module docstring of WINO_MIN_COVER)
-    if threads > 1:
-        p = plan_winograd(co, g, batch, target, threads)
-        if p.threads > 1 and p.pb < WINO_MIN_THREAD_TILES:
-            return False
     return 4 * 36 * cp * kp <= target.l3_bytes // 2 or tiles >= 16
 
 
