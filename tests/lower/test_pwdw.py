@@ -21,7 +21,7 @@ from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
 from dlcc.lower.interp import interpret
 from dlcc.lower.lir import MICRO, Buf, Layout, run_func, verify_func
-from dlcc.lower.micro import apply_post, gemmq_micro, gemmqe_micro, post_tag
+from dlcc.lower.micro import apply_post, gemmq_micro, post_tag
 from dlcc.schedule.dwconv import pack_dwc
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.pwdw import pack_bias, pack_pw, plan_pwdw, pwdw_func
@@ -147,7 +147,7 @@ def test_gemmqe_applies_bias_and_activation_in_registers(target, kind, lo, hi):
     rng = np.random.default_rng(10)
     lda, kc, ldq, mr, nr = 11, 7, 2 * t.lanes * 4 + 3, 4, 2 * t.lanes
     tag = post_tag(kind, lo, hi)
-    name = gemmqe_micro(mr, nr, lda, t.lanes, tag)
+    name = gemmq_micro(mr, nr, lda, t.lanes, tag)
     src = PRELUDE + vector_helpers(t.lanes) + "\n" + micro_c(name, t.lanes)
     src += (f"void w(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t ldq, const float* bias)"
             f" {{ dlcc_uk_{name}(kc, a, b, c, ldc, ldq, bias); }}\n")

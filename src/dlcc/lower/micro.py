@@ -74,7 +74,7 @@ import numpy as np
 from dlcc.lower.lir import MICRO, MicroKernel
 
 __all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSpec", "attn_micro", "attn_reference",
-           "apply_post", "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro", "gemmqe_micro",
+           "apply_post", "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro",
            "gemmr_micro", "gemmt_micro", "im2col_micro", "nchwc_micro", "post_tag", "wgi_micro", "wgo_micro"]
 
 
@@ -356,21 +356,24 @@ WINO_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 /
 WINO_AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], np.float64)
 
 
-def gemmq_micro(mr: int, nr: int, lda: int, lanes: int) -> str:
+def gemmq_micro(mr: int, nr: int, lda: int, lanes: int, post: str | None = None) -> str:
     """The name of the mr x nr GEMM tile reading A in place, column-major (k at stride ``lda``: a 1x1 convolution's
     NCHW input with pixels as rows), that stores each vector of ``lanes`` columns of its tile ``ldq`` apart (the
     blocks of channels of a channel-blocked layout), registering its contract. The name holds ``lanes`` (``_v8``),
     on which the contract depends: the contract of another target's tile of the same name was registered first
     when one process generated code for two targets (a latent wrong verification: AVX-512's 8-column tile is
-    half a vector, AVX2's one)."""
-    name = f"gemmq_{mr}x{nr}_{lda}_v{lanes}"
+    half a vector, AVX2's one). ``post`` (a ``post_tag``): ``gemmqe_``, the tile plus a bias per column (one more
+    parameter) and that epilogue in registers before its store: the 1x1 convolution of a fused 1x1 -> depthwise
+    pair with its bias and ReLU or Clip, without the pass over its rows the elementwise chain would make."""
+    name = f"gemmq_{mr}x{nr}_{lda}_v{lanes}" if post is None else f"gemmqe_{mr}x{nr}_{lda}_v{lanes}_{post}"
     if name in MICRO:
         return name
     nv = nr // lanes
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         kc = max(s["kc"], 1)
-        return {"a": (kc, lda, mr), "b": (1, 0, kc * nr), "c": (nv, s["ldq"], (mr - 1) * s["ldc"] + lanes)}
+        out = {"a": (kc, lda, mr), "b": (1, 0, kc * nr), "c": (nv, s["ldq"], (mr - 1) * s["ldc"] + lanes)}
+        return out if post is None else {**out, "bias": (1, 0, nr)}
 
     def reference(arrays, offsets, s) -> None:
         kc, ldc, ldq = s["kc"], s["ldc"], s["ldq"]
@@ -378,15 +381,21 @@ def gemmq_micro(mr: int, nr: int, lda: int, lanes: int) -> str:
         a = np.stack([a[ao + k * lda:ao + k * lda + mr] for k in range(kc)]).astype(np.float64)
         b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
         prod = a.T @ b  # [mr, nr]
+        if post is not None:
+            bias = arrays["bias"][offsets["bias"]:offsets["bias"] + nr].astype(np.float32)
+            prod = apply_post(prod.astype(np.float32) + bias, post)
         c, o = arrays["c"], offsets["c"]
         for q in range(nv):
             for r in range(mr):
                 at = o + q * ldq + r * ldc
                 c[at:at + lanes] = prod[r, q * lanes:(q + 1) * lanes].astype(c.dtype)
 
+    params = (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("ldq", "int"))
+    value = f"sum_k a[k*{lda} + r] * b[k*{nr} + j]"
     MICRO[name] = MicroKernel(
-        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("ldq", "int")),
-        f"c[(j/{lanes})*ldq + r*ldc + j%{lanes}] = sum_k a[k*{lda} + r] * b[k*{nr} + j], r < {mr}, j < {nr}",
+        name, params + ((("bias", "in"),) if post is not None else ()),
+        f"c[(j/{lanes})*ldq + r*ldc + j%{lanes}] = "
+        + (value if post is None else f"post_{post}({value} + bias[j])") + f", r < {mr}, j < {nr}",
         footprint, reference)
     return name
 
@@ -411,41 +420,6 @@ def apply_post(v: np.ndarray, tag: str) -> np.ndarray:
         v = np.where(v <= lo, lo, v)
         return np.where(v >= hi, hi, v)
     return v
-
-
-def gemmqe_micro(mr: int, nr: int, lda: int, lanes: int, tag: str) -> str:
-    """``gemmq_`` whose tile gets a per-column bias and the epilogue ``tag`` (``post_tag``) in registers before
-    its store: the 1x1 convolution of a fused 1x1 -> depthwise pair with its bias and ReLU or Clip, without the
-    pass over its rows that the elementwise chain would make (``schedule.pwdw``)."""
-    name = f"gemmqe_{mr}x{nr}_{lda}_v{lanes}_{tag}"
-    if name in MICRO:
-        return name
-    nv = nr // lanes
-
-    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        kc = max(s["kc"], 1)
-        return {"a": (kc, lda, mr), "b": (1, 0, kc * nr), "c": (nv, s["ldq"], (mr - 1) * s["ldc"] + lanes),
-                "bias": (1, 0, nr)}
-
-    def reference(arrays, offsets, s) -> None:
-        kc, ldc, ldq = s["kc"], s["ldc"], s["ldq"]
-        a, ao = arrays["a"], offsets["a"]
-        a = np.stack([a[ao + k * lda:ao + k * lda + mr] for k in range(kc)]).astype(np.float64)
-        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
-        bias = arrays["bias"][offsets["bias"]:offsets["bias"] + nr].astype(np.float32)
-        prod = apply_post((a.T @ b).astype(np.float32) + bias, tag)  # [mr, nr]
-        c, o = arrays["c"], offsets["c"]
-        for q in range(nv):
-            for r in range(mr):
-                at = o + q * ldq + r * ldc
-                c[at:at + lanes] = prod[r, q * lanes:(q + 1) * lanes]
-
-    MICRO[name] = MicroKernel(
-        name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("ldq", "int"),
-               ("bias", "in")),
-        f"c[(j/{lanes})*ldq + r*ldc + j%{lanes}] = post_{tag}(sum_k a[k*{lda} + r] * b[k*{nr} + j] + bias[j]), "
-        f"r < {mr}, j < {nr}", footprint, reference)
-    return name
 
 
 def gemmr_micro(mr: int, nr: int, lda: int) -> str:

@@ -54,7 +54,7 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import gemmq_micro, gemmqe_micro
+from dlcc.lower.micro import gemmq_micro
 from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads, dwc_rows
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import share
@@ -257,7 +257,7 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
             args = (Const(p.k), Ptr(x, (b, Const(0), iy, x0)), Ptr(wpw, (simplify(cg * (p.k * nv * cbi)),)),
                     Ptr(ws, (simplify(gbase + lr * row + (x0 + g.pw) * cbi),)), Const(cbi), Const(blk_floats))
             if post is not None:
-                return Micro(gemmqe_micro(mr, blocks * cbi, xc, cbi, post[1]),
+                return Micro(gemmq_micro(mr, blocks * cbi, xc, cbi, post[1]),
                              (*args, Ptr(post[0], (simplify(cg * (nv * cbi)),))))
             return Micro(gemmq_micro(mr, blocks * cbi, xc, cbi), args)
         if last_nv == nv:
