@@ -136,8 +136,8 @@ def test_layer_choice():
 
     assert use_winograd(g(64, 56), 64, 1, t) and use_winograd(g(256, 14), 256, 1, t)
     big_l3 = dataclasses.replace(t, l3_bytes=32 << 20)
-    assert use_winograd(g(256, 7), 256, 1, big_l3)  # its 9.4 MB transformed weight stays in half of L3
-    assert not use_winograd(g(256, 7), 256, 1, t)  # (8 MiB of L3: 4 tiles cannot reuse it)
+    assert not use_winograd(g(256, 7), 256, 1, big_l3)  # a 9.4 MB transformed weight streamed for 4 tiles
+    assert use_winograd(g(64, 7), 64, 1, big_l3)  # (0.6 MB: stays in L2)
     assert not use_winograd(g(512, 7), 512, 1, t)  # 4 tiles cannot reuse a 37.7 MB transformed weight
     assert not use_winograd(g(128, 14), 32, 1, t)  # few output channels on a small plane: the transform dominates
     assert not use_winograd(g(3, 224), 64, 1, t)  # fewer input channels than a vector

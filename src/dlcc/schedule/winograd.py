@@ -161,15 +161,18 @@ WINO_MIN_COVER = 0.6
 
 
 def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: int = 1) -> bool:
-    """Does this convolution run as Winograd rather than as the direct convolution? Never when the target has
-    it off (``dlcc.compile(..., winograd=False)``, ``--no-winograd``: the transformed weight is 4x the 3x3
-    weight, e.g. VGG-19's weights blob 548 -> 778 MiB); else where it fits, unless the
-    input transform (per tile, as costly as the products of about 4 output channels) dominates, i.e. few
-    output channels on a small plane, or the transformed weight (4x the weight) is larger than half of L3 and
-    the plane too small (under 16 tiles) to reuse it. Measured on Zen 5 (AVX-512), one layer at a time against
-    the direct convolution, 1 and 2 threads: 64 channels at 56x56 2.97x / 2.62x faster, 128 at 28x28 2.84x /
-    1.41x, 256 at 14x14 2.38x / 4.40x, 256 at 7x7 1.84x / 1.29x, 512 at 28x28 2.82x / 1.98x, SqueezeNet's
-    expand layers 1.8-2.2x / 1.0-1.9x; but 128 -> 32 channels at 14x14 1.11x / 0.68x, 512 at 7x7 1.02x / 0.54x."""
+    """Does this convolution run as Winograd rather than as the direct convolution? Never when the target has it off
+    (``dlcc.compile(..., winograd=False)``, ``--no-winograd``: the transformed weight is 4x the 3x3 weight, e.g.
+    VGG-19's weights blob 548 -> 778 MiB); else where it fits, unless the input transform (per tile, as costly as
+    the products of about 4 output channels) dominates, i.e. few output channels on a small plane, or the
+    transformed weight (4x the weight) is larger than L2 and the plane too small (under 16 tiles) to reuse it:
+    inside a model, U then streams from L3 or memory on every call (Inception-v2's 192 -> 320 and 224 -> 224 at 7 x
+    7, U 8.8 and 7.2 MB: as the direct convolution 0.271 -> 0.257 and 0.205 -> 0.213 ms at 1 thread, 0.27 -> 0.13
+    and 0.21 -> 0.13 at 2, profiled in the model; the figures below are of one layer alone, repeated, where U stays
+    in the caches). Measured on Zen 5 (AVX-512), one layer at a time against the direct convolution, 1 and 2
+    threads: 64 channels at 56x56 2.97x / 2.62x faster, 128 at 28x28 2.84x / 1.41x, 256 at 14x14 2.38x / 4.40x, 256
+    at 7x7 1.84x / 1.29x, 512 at 28x28 2.82x / 1.98x, SqueezeNet's expand layers 1.8-2.2x / 1.0-1.9x; but 128 -> 32
+    channels at 14x14 1.11x / 0.68x, 512 at 7x7 1.02x / 0.54x."""
     if not target.winograd or not winograd_fits(g, co, target):
         return False
     if co < 64 and 2.0 * batch * co * g.oh * g.ow * g.ci * 9 < WINO_MIN_FLOPS:
@@ -178,7 +181,7 @@ def use_winograd(g: ConvGeometry, co: int, batch: int, target: Target, threads: 
     tiles = -(-g.oh // 4) * -(-g.ow // 4)
     if g.oh * g.ow < WINO_MIN_COVER * 16 * tiles:
         return False  # most of the tiles' outputs past the plane (module docstring of WINO_MIN_COVER)
-    return 4 * 36 * cp * kp <= target.l3_bytes // 2 or tiles >= 16
+    return 4 * 36 * cp * kp <= target.l2_bytes or tiles >= 16
 
 
 def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> WinoPlan:
