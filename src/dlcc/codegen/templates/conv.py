@@ -141,34 +141,30 @@ def conv(call: TemplateCall) -> str:
     g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
                      pb[0], pb[1]) if r == 2 else None
     # the direct kernel reading its input in place needs no workspace (``schedule.direct.reads_in_place``)
-    in_place = (r == 2 and group == 1 and call.input_scale is None and direct_pays(g, M)
+    in_place = (r == 2 and group == 1 and repacks and call.input_scale is None and direct_pays(g, M)
                 and reads_in_place(g, xref.strides, call.target.lanes))
     has_ws = call.workspace is not None or in_place
     if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
         dw = _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
         if dw is not None:
             return dw
+    direct_ok = r == 2 and group == 1 and w.const is not None and has_ws and repacks and direct_pays(g, M)
     if not call.scratch.contiguous or call.input_scale is not None:
         # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
         # kernel above, or the direct one) or a per-channel scale folded into the input (``schedule.chscale``)
-        if (r == 2 and group == 1 and w.const is not None and has_ws and repacks
-                and direct_pays(g, M)):
-            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
-            if blocked is not None:
-                return blocked
-        raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
-                            "cannot take")
-    gemm_ok = group == 1 and w.const is not None and call.workspace is not None and call.scratch.contiguous
-    if in_place and w.const is not None and call.scratch.contiguous and repacks:
-        blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+        blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g) if direct_ok else None
         if blocked is not None:
             return blocked
+        raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
+                            "cannot take")
+    # (a direct kernel reading its input in place takes no workspace, and no form below it is asked)
+    gemm_ok = group == 1 and w.const is not None and has_ws and call.scratch.contiguous
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         if repacks and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
             wino = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if wino is not None:
                 return wino
-        if direct_pays(g, M) and repacks:
+        if direct_ok:
             blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
             if blocked is not None:
                 return blocked
