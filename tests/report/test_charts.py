@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from html.parser import HTMLParser
 
@@ -68,3 +69,9 @@ def test_the_section_says_how_many_kernels_the_schedule_merged() -> None:
     fig.merged = 2
     assert "2 1x1 convolutions run inside the depthwise kernel that reads them, so there are 2 kernels fewer" \
         in compiled_section(fig)
+    fig.planned = 7  # (4 kernels: 2 merged, 1 a view)
+    assert ("2 1x1 convolutions run inside the depthwise kernel that reads them; 1 group only reshapes or "
+            "transposes a tensor, which a view or the layout assignment does without a kernel, so there are 3 "
+            "kernels fewer than the fusion plan's 7 groups.") in html.unescape(compiled_section(fig))
+    fig.merged, fig.planned = 0, 4
+    assert "fewer than the fusion plan" not in compiled_section(fig)

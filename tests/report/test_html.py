@@ -95,7 +95,7 @@ def test_page_is_well_formed_with_one_outline_per_group_and_one_box_per_node() -
     text = " ".join(c.text)
     for word in ("Conv", "Relu", "Sigmoid", "Add", "1×4×8×8", "OUT_ELEMWISE_FUSABLE", "Conv → Relu"):
         assert word in text
-    assert "nodes per kernel" in text
+    assert "nodes per group" in text
 
 
 def test_no_network_references() -> None:

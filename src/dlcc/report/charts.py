@@ -57,6 +57,7 @@ class CompiledFigures:
     lower_bound: int
     merged: int = 0  # 1x1 convolutions run inside the depthwise kernel that reads them: kernels fewer than planned
     layouts: dict | None = None  # schedule.layouts.layout_figures: channels-last buffers, Transposes removed/left
+    planned: int = 0  # the fusion plan's groups (the page's header counts them), when known
 
 
 def _esc(text: object) -> str:
@@ -214,10 +215,19 @@ def compiled_section(fig: CompiledFigures) -> str:
     summary = (f"{len(fig.rows)} kernels, {_ms(total)} in all (sum of each kernel's best of {fig.runs} profiled "
                f"runs)" + (f", {known / 1e6:.1f} MFLOP ({known / total / 1e9:.1f} GFLOP/s)"
                            if known and total > 0 else "") + f"; peak: {peak}.")
-    if fig.merged:
-        summary += (f" {fig.merged} 1x1 convolution{'s' * (fig.merged != 1)} run inside the depthwise kernel that "
-                    f"reads {'them' if fig.merged != 1 else 'it'}, so there are {fig.merged} kernels "
-                    "fewer than the fusion plan's.")
+    fewer = fig.planned - len(fig.rows) if fig.planned else fig.merged
+    if fewer > 0:
+        why = []
+        if fig.merged:
+            why.append(f"{fig.merged} 1x1 convolution{'s' * (fig.merged != 1)} run{'s' * (fig.merged == 1)} inside the "
+                       "depthwise kernel that "
+                       f"reads {'them' if fig.merged != 1 else 'it'}")
+        if fewer > fig.merged:
+            n = fewer - fig.merged
+            why.append(f"{n} group{'s' * (n != 1)} only reshape{'s' * (n == 1)} or transpose{'s' * (n == 1)} a "
+                       "tensor, which a view or the layout assignment does without a kernel")
+        summary += (f" {'; '.join(why)}, so there {'is' if fewer == 1 else 'are'} {fewer} kernel{'s' * (fewer != 1)} "
+                    "fewer than the fusion plan's" + (f" {fig.planned} groups." if fig.planned else "."))
     from dlcc.schedule.layouts import describe_layouts
 
     if describe_layouts(fig.layouts):
@@ -245,4 +255,4 @@ def compiled_figures(compiled, seconds: Sequence[float], runs: int, peak_gflops:
                            int(compiled.info.get("threads", 1)), live, top, art.memory.arena_bytes,
                            art.memory.lower_bound,
                            sum(s.producer is not None for k in art.program.kernels for s in k.steps),
-                           compiled.info.get("layouts"))
+                           compiled.info.get("layouts"), art.plan.num_kernels)

@@ -283,8 +283,8 @@ def _summary(model: ir.Model, plan: FusionPlan) -> str:
         ("planner", plan.planner),
         ("why this plan", plan.reason or "-"),
         ("nodes", str(nodes)),
-        ("kernels", f"{plan.num_kernels} ({fused} fused groups)"),
-        ("fusion rate", f"{plan.fusion_rate:.2f} nodes per kernel"),
+        ("fusion groups", f"{plan.num_kernels} ({fused} of more than one node)"),
+        ("fusion rate", f"{plan.fusion_rate:.2f} nodes per group"),
     ]
     if model.doc_string:
         items.append(("description", model.doc_string))
