@@ -4,6 +4,7 @@ against their contracts on every target this machine runs."""
 
 import ctypes
 import dataclasses
+import re
 import tempfile
 
 import numpy as np
@@ -12,7 +13,7 @@ from test_lir import PRELUDE, _build, _conv_ref, _run_conv_ir
 
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
-from dlcc.lower.lir import MICRO, Buf, Layout, verify_func
+from dlcc.lower.lir import MICRO, Buf, Layout, print_func, verify_func
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, dwc_micro, nchwc_micro
 from dlcc.schedule.direct import direct_func, pack_direct, plan_direct, reads_in_place
 from dlcc.schedule.gemm import ConvGeometry
@@ -59,7 +60,9 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
                     Buf("wp", "float32", Layout.strided(wpk.shape)),
                     Buf("c", "float32", Layout.strided((n, co, oh * ow))),
                     Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
-    verify_func(f)
+    verify_func(f)  # (the prefetched lines inside the packed weight too)
+    # channel tiles outside: each call prefetches a share of the next tile's weights
+    assert bool(re.search(r"dconvp?_\w*_f\d+\(", print_func(f))) == (p.order in ("plane", "oc") and p.n_oct > 1)
     out, seen = _run_conv_ir(f, x, "wp", wpk, (n, co, oh * ow), p.workspace_floats)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
@@ -117,6 +120,14 @@ def test_direct_micro_kernels_match_their_contracts(target):
         names.append(("dconv", name, (no, px, cbi, kh, kwf, xcb, wskip)))
         src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
                                          f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc); }}\n")
+    for no, px, cbi, kh, kw, sw, dh, dw, wskip in tiles[:2]:  # prefetching the next tile's weights: the same values
+        xrow = ((px - 1) * sw + (kw - 1) * dw + 1) * cbi + 3
+        xcb = ((kh - 1) * dh + 1) * xrow + 5
+        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip, prefetch=1)
+        assert name.endswith("_f1") and MICRO[name].params[-1] == ("pf", "in")
+        names.append(("dconv", name, (no, px, cbi, kh, kw, xcb, wskip)))
+        src += micro_c(name, t.lanes) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
+                                         f"int64_t ldc) {{ dlcc_uk_{name}(ncb, x, w, c, ldc, w); }}\n")
     for geo in packs:
         name = nchwc_micro(*geo)
         names.append(("nchwc", name, geo))

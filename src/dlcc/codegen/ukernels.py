@@ -40,7 +40,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
-_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})$")
+_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?$")
@@ -60,7 +60,7 @@ def micro_c(name: str, lanes: int) -> str:
     m = _DCONV.match(name)
     if m is not None:
         return _dconv(name, int(m.group(3)), int(m.group(4)), *(int(v) for v in m.group(5).split("_")), lanes=lanes,
-                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)))
+                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)), prefetch=int(m.group(6) or 0))
     m = _NCHWC.match(name)
     if m is not None:
         return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)),
@@ -412,13 +412,14 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
 
 def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
            wskip: int, kwf: int | None = None, *, lanes: int, accumulate: bool = False,
-           pixel_major: bool = False) -> str:
+           pixel_major: bool = False, prefetch: int = 0) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
     transposed in registers (``_transpose_store``) into ``c``, channel-major, or with ``pixel_major`` stored
     as held (pixel p at ``c + p*ldc``). Without dilation along the row, a kernel row's taps and channels are
-    one run of kw*cbi consecutive inputs per pixel."""
+    one run of kw*cbi consecutive inputs per pixel. ``prefetch``: that many lines from ``pf`` prefetched per channel
+    block (GCC and Clang; elsewhere ``pf`` is unread)."""
     if no % lanes:
         raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
     nv = no // lanes
@@ -442,8 +443,14 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     kwf = kw if kwf is None else kwf
     if kwf != kw:  # the kernel columns of each row this tile does not read
         taps = f"    {{\n{indent(taps, 1)}\n        w += {(kwf - kw) * cbi * no};\n    }}"
-    lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n"
+    ahead = ""
+    if prefetch:  # (a few lines per block: a burst at once would hold the miss buffers the tile's own loads need)
+        ahead = (f"\n#if defined(__GNUC__) || defined(__clang__)\n    for (int64_t j = 0; j < {prefetch}; ++j) "
+                 f"__builtin_prefetch(pf + 16 * (b * {prefetch} + j), 0, 3);\n#endif")
+    lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{{ahead}\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n"
                  f"{indent(taps, 2)}{skip}\n}}")
+    if prefetch:
+        lines.append("(void)pf;")
     if pixel_major:
         for j in range(nv):
             for p in range(px):
@@ -456,8 +463,9 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
             lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}", accumulate))
                          + "\n}")
     attr = "DLCC_NO_PCOM " if cbi < lanes else ""  # (cbase.vector_helpers)
+    pfp = ", const float* restrict pf" if prefetch else ""
     return (f"{attr}static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
-            f"float* restrict c, int64_t ldc) {{\n{indent(chr(10).join(lines))}\n}}\n")
+            f"float* restrict c, int64_t ldc{pfp}) {{\n{indent(chr(10).join(lines))}\n}}\n")
 
 
 def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int,

@@ -204,17 +204,23 @@ DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a wh
 
 
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
-                wskip: int = 0, kwf: int | None = None, accumulate: bool = False, pixel_major: bool = False) -> str:
+                wskip: int = 0, kwf: int | None = None, accumulate: bool = False, pixel_major: bool = False,
+                prefetch: int = 0) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring). ``kwf``: the
     packed weight's kernel width when the tile reads only ``kw`` of its columns (a row's pixels that only those
     kernel columns reach inside the input); the name then ends in ``_{kwf}``. ``accumulate`` (``dconva_``): the
     tile is added to c (a later block of input channels) instead of stored. ``pixel_major`` (``dconvp_``,
     ``dconvap_``): the tile stored as it is held, pixel p's ``no`` channels at ``c + p*ldc`` (no transpose: for a
-    channels-last output)."""
+    channels-last output). ``prefetch`` (name ending ``_f{prefetch}``, one more parameter ``pf``): per block of input
+    channels, that many 64-byte lines from ``pf`` on are prefetched (``pf + 16*(b*prefetch + j)``), which no value
+    depends on: the next output-channel tile's weights, fetched from memory a few lines at a time while this tile
+    computes (``schedule.direct``)."""
     kwf = kw if kwf is None else kwf
     geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip) + ((kwf,) if kwf != kw else ())
     name = f"dconv{'a' if accumulate else ''}{'p' if pixel_major else ''}_{no}x{px}_" + "_".join(str(v) for v in geo)
+    if prefetch:
+        name += f"_f{prefetch}"
     wcb = kh * kwf * cbi * no + wskip  # weights per channel block
     if name in MICRO:
         return name
@@ -222,8 +228,11 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
         span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
-        return {"x": (1, 0, span), "w": (1, 0, (ncb - 1) * wcb + ((kh - 1) * kwf + kw) * cbi * no),
-                "c": (px, s["ldc"], no) if pixel_major else (no, s["ldc"], px + DCONV_PAD)}
+        out = {"x": (1, 0, span), "w": (1, 0, (ncb - 1) * wcb + ((kh - 1) * kwf + kw) * cbi * no),
+               "c": (px, s["ldc"], no) if pixel_major else (no, s["ldc"], px + DCONV_PAD)}
+        if prefetch:
+            out["pf"] = (1, 0, 16 * prefetch * ncb)
+        return out
 
     def reference(arrays, offsets, s) -> None:
         ncb = s["ncb"]
@@ -243,11 +252,13 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
             c[at] = (c[at].astype(np.float64) if accumulate else 0.0) + acc[:, o]
 
     MICRO[name] = MicroKernel(
-        name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
+        name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int"))
+        + ((("pf", "in"),) if prefetch else ()),
         f"c[{'p*ldc + o' if pixel_major else 'o*ldc + p'}] {'+' if accumulate else ''}= sum over {cbi}-channel blocks "
         f"b < ncb and taps of w[...][o] * "
         f"x[b*{xcb} + ky*{dh * xrow} "
-        f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}", footprint, reference)
+        f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}"
+        + (f"; prefetches pf[0 : {16 * prefetch}*ncb]" if prefetch else ""), footprint, reference)
     return name
 
 
