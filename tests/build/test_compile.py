@@ -103,6 +103,30 @@ def test_wrong_inputs_raise_clear_errors() -> None:
         cm(x=np.zeros((2, 3)))
 
 
+def test_inputs_read_only_strided_or_as_keywords_give_the_same_outputs() -> None:
+    """The call's fast path (every input a C-contiguous array of its dtype and shape) and the others (read-only,
+    strided, keywords, a Mapping that is not a dict) give the same outputs; each call's outputs are its
+    own, though the arena is reused by the thread's next calls."""
+    from types import MappingProxyType
+
+    model = randomize(KIT_MODELS["residual"](), seed=3)
+    cm = dlcc.compile(model)
+    (name, a), = random_inputs(model, seed=1).items()
+    ref = cm({name: a})
+    first = {k: v.copy() for k, v in ref.items()}
+    ro = a.copy()
+    ro.flags.writeable = False
+    wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
+    wide[..., ::2] = a
+    for feeds in ({name: ro}, {name: wide[..., ::2]}, MappingProxyType({name: a})):
+        got = cm(feeds)
+        assert all(np.array_equal(got[k], first[k]) for k in ref)
+    got = cm(**{name: a})
+    assert all(np.array_equal(got[k], first[k]) for k in ref)
+    other = cm({name: -a})  # (another call: ref's arrays are not overwritten)
+    assert all(np.array_equal(ref[k], first[k]) for k in ref) and any(not np.array_equal(other[k], ref[k]) for k in ref)
+
+
 def test_eight_threads_share_one_compiled_model() -> None:
     model = randomize(KIT_MODELS["residual"](), seed=3)
     cm = dlcc.compile(model)
