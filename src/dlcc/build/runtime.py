@@ -68,6 +68,7 @@ class CompiledModel:
         self._input_names = [n for n, _, _ in self.inputs]
         self._in_specs = [(n, np.dtype(d), tuple(s)) for n, d, s in self.inputs]
         self._out_specs = [(n, np.dtype(d), tuple(s)) for n, d, s in self.outputs]
+        self._out_names = [n for n, _, _ in self.outputs]
         self._weights_at = _address(self.weights)
         self._local = threading.local()  # per calling thread: its arena and pointer tables (``_state``)
 
@@ -101,9 +102,13 @@ class CompiledModel:
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         if len(feeds) == len(self._in_specs):  # the usual call: every input, as a C-contiguous array of its type
-            arrays = [feeds.get(n) for n, _, _ in self._in_specs]
-            if all(type(a) is np.ndarray and a.dtype == d and a.shape == s and a.flags.c_contiguous
-                   for a, (_, d, s) in zip(arrays, self._in_specs, strict=True)):
+            arrays = []
+            for name, dtype, shape in self._in_specs:
+                a = feeds.get(name)
+                if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+                    break
+                arrays.append(a)
+            else:
                 return arrays
         unknown = [k for k in feeds if k not in self._input_names]
         if unknown:
@@ -126,7 +131,7 @@ class CompiledModel:
     def __call__(self, feeds: Mapping[str, np.ndarray] | None = None, /, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
         arrays, outs, in_ptrs, out_ptrs, arena = self._prepare(feeds, kwargs)
         self._run(in_ptrs, out_ptrs, arena, self._weights_at)  # (``arrays``: the inputs alive through the call)
-        return {name: o for (name, _, _), o in zip(self._out_specs, outs, strict=True)}
+        return dict(zip(self._out_names, outs, strict=True))
 
     def _prepare(self, feeds: Mapping[str, np.ndarray] | None, kwargs: dict[str, np.ndarray]):
         """(checked inputs, fresh outputs, this thread's input and output pointer tables filled, its arena)."""
@@ -168,8 +173,7 @@ class CompiledModel:
         arrays, outs, in_ptrs, out_ptrs, arena = self._prepare(feeds, kwargs)
         seconds = np.zeros(max(int(count()), 1), dtype=np.float64)
         run(in_ptrs, out_ptrs, arena, self._weights_at, seconds.ctypes.data)
-        return ({name: o for (name, _, _), o in zip(self._out_specs, outs, strict=True)},
-                seconds[:int(count())].copy())
+        return dict(zip(self._out_names, outs, strict=True)), seconds[:int(count())].copy()
 
     def profile(self, feeds: Mapping[str, np.ndarray], runs: int = 10) -> np.ndarray:
         """Seconds per kernel (call order), each the best of ``runs`` profiled calls after one warm-up call."""
