@@ -218,6 +218,11 @@ def bench_model(name: str, runs: int, tmp: Path) -> dict:
             "gflop": sum(k["flops"] or 0 for k in info["per_kernel"]) / 1e9}
 
 
+def _ms(v: float) -> str:
+    """Milliseconds with 3 significant digits at least (a kit model's 0.0033 ms is not "0.00")."""
+    return f"{v:.2f}" if v >= 1 else f"{v:.3f}" if v >= 0.1 else f"{v:.4f}"
+
+
 def render(rows: list[dict], peak: float) -> str:
     """The table; ``peak`` is the measured single-core FMA peak (dlcc.build.probe) in GFLOP/s."""
     mb = 1024 * 1024
@@ -230,9 +235,9 @@ def render(rows: list[dict], peak: float) -> str:
     for r in rows:
         lines.append("| " + " | ".join([
             r["model"], f"{r['kernels']} ({r['fusion']})", f"{r['compile s']:.1f} ({r['cc s']:.1f})", f"{r['err']:.1e}",
-            f"{r['dlcc ms']:.2f} / {r['dlcc med']:.2f}", f"{r['ort ms']:.2f} / {r['ort med']:.2f}",
-            f"{r['ort ms'] / r['dlcc ms']:.2f}", f"{r['dlcc2 ms']:.2f} / {r['dlcc2 med']:.2f}",
-            f"{r['ort2 ms']:.2f} / {r['ort2 med']:.2f}", f"{r['ort2 ms'] / r['dlcc2 ms']:.2f}",
+            f"{_ms(r['dlcc ms'])} / {_ms(r['dlcc med'])}", f"{_ms(r['ort ms'])} / {_ms(r['ort med'])}",
+            f"{r['ort ms'] / r['dlcc ms']:.2f}", f"{_ms(r['dlcc2 ms'])} / {_ms(r['dlcc2 med'])}",
+            f"{_ms(r['ort2 ms'])} / {_ms(r['ort2 med'])}", f"{r['ort2 ms'] / r['dlcc2 ms']:.2f}",
             f"{r['dlcc ms'] / r['dlcc2 ms']:.2f}",
             f"{r['gflop'] / (r['dlcc ms'] / 1e3):.1f}", f"{100 * r['gflop'] / (r['dlcc ms'] / 1e3) / peak:.1f}",
             f"{r['arena'] / mb:.2f}", f"{r['lb'] / mb:.2f}", f"{r['arena'] / r['lb']:.3f}" if r["lb"] else "-",
