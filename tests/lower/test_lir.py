@@ -40,7 +40,7 @@ from dlcc.lower.lir import (
     run_func,
     verify_func,
 )
-from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmt_micro, im2col_micro
+from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmr_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     ConvGeometry,
@@ -70,7 +70,7 @@ def _gemm(m, n, k, threads, *, tm=None, tn=None, epilogue=True, target=TINY, blo
     bp = Buf("bp", "float32", Layout.strided((p.col_panels * k * p.nr,) if blocked else (p.col_panels, k, p.nr)))
     c = Buf("c", "float32", Layout.strided((m, n)))
     ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
-    return p, gemm_func(p, a, bp, c, ws, epilogue)
+    return p, gemm_func(p, a, bp, c, ws, epilogue, target_l2=target.l2_bytes)
 
 
 @pytest.mark.parametrize("blocked", [False, True])  # B packed panel by panel, or K block by K block
@@ -79,7 +79,11 @@ def _gemm(m, n, k, threads, *, tm=None, tn=None, epilogue=True, target=TINY, blo
 def test_gemm_loop_ir_matches_numpy(m, n, k, tm, tn, blocked):
     p, f = _gemm(m, n, k, tm * tn, tm=tm, tn=tn, blocked=blocked)
     assert p.k_blocks > 1 or k < 64
-    verify_func(f)
+    verify_func(f)  # (the prefetched lines inside the packed B too)
+    # B packed K block by K block, larger than half of L2, in several column blocks: each tile prefetches its
+    # share of the next block
+    ahead = blocked and 4 * k * p.col_panels * p.nr > TINY.l2_bytes // 2 and not p.one_column_block and m % p.mr != 1
+    assert ("_f" in print_func(f)) == ahead
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -180,6 +184,41 @@ def test_gemm_micro_kernels_match_their_contract(target):
             untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
             untouched[:, :ncols] = False
             assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_prefetching_gemm_micro_kernels_compute_the_same(target):
+    """The tiles that prefetch the next block of B (``gemm_..._f{step}x{lines}``, ``gemmr_..._f...``) store the
+    bits of the plain ones; ``pf`` is only read by the prefetch."""
+    t = get_target(target)
+    nr = plan_gemm(64, 64, 64, t, 1).nr
+    rng = np.random.default_rng(3)
+    pairs = [(gemm_micro(4, nr), gemm_micro(4, nr, (2, 5)), None), (gemm_micro(3, nr), gemm_micro(3, nr, (1, 3)), None),
+             (gemmr_micro(2, nr, 19), gemmr_micro(2, nr, 19, (4, 2)), 19)]
+    src = PRELUDE + vector_helpers(t.lanes) + "\n"
+    for plain, ahead, _ in pairs:
+        assert ahead.startswith(plain + "_f") and MICRO[ahead].params[-1] == ("pf", "in")
+        src += micro_c(plain, t.lanes) + micro_c(ahead, t.lanes)
+        src += (f"void w_{plain}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+                f"int64_t ncols) {{ dlcc_uk_{plain}(kc, a, b, c, ldc, acc, ncols); }}\n"
+                f"void w_{ahead}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+                f"int64_t ncols) {{ dlcc_uk_{ahead}(kc, a, b, c, ldc, acc, ncols, b); }}\n")
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for plain, ahead, lda in pairs:
+            mr = int(plain.split("_")[1].split("x")[0])
+            kc = 17
+            a = rng.standard_normal(kc * mr if lda is None else mr * lda).astype(np.float32)
+            b = rng.standard_normal(kc * nr).astype(np.float32)
+            out = []
+            for name in (plain, ahead):
+                c = np.full(mr * (nr + 3), 7.0, np.float32)
+                fn = getattr(lib, f"w_{name}")
+                fn.argtypes = [i64, ptr, ptr, ptr, i64, i64, i64]
+                fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), c.ctypes.data_as(ptr), nr + 3, 0, nr)
+                out.append(c)
+            assert np.array_equal(out[0], out[1])
 
 
 def _one(body, params=None, workspace=()):

@@ -35,7 +35,7 @@ from dlcc.lower.micro import AttnSpec
 
 __all__ = ["micro_c"]
 
-_GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)$")
+_GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)(?:_f(\d+)x(\d+))?$")
 
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
@@ -43,7 +43,7 @@ _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
-_GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?$")
+_GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?(?:_f(\d+)x(\d+))?$")
 _GEMMQE = re.compile(r"gemmqe_(\d+)x(\d+)_(\d+)_v\d+_(n|r|c[0-9a-f]{8}_[0-9a-f]{8})$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
 _WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
@@ -71,7 +71,8 @@ def micro_c(name: str, lanes: int) -> str:
                     pixel_major=m.group(1) == "p")
     m = _GEMMR.match(name)
     if m is not None:
-        return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q")
+        return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q",
+                     prefetch=(int(m.group(5)), int(m.group(6))) if m.group(5) else None)
     m = _GEMMQE.match(name)
     if m is not None:
         return _gemm(int(m.group(1)), int(m.group(2)), lanes, lda=int(m.group(3)), split=True, post=m.group(4))
@@ -87,17 +88,22 @@ def micro_c(name: str, lanes: int) -> str:
     m = _GEMM.match(name)
     if m is None:
         raise ValueError(f"no C body for micro-kernel {name}")
-    return _gemm(int(m.group(2)), int(m.group(3)), lanes, bool(m.group(1)))
+    return _gemm(int(m.group(2)), int(m.group(3)), lanes, bool(m.group(1)),
+                 prefetch=(int(m.group(4)), int(m.group(5))) if m.group(4) else None)
 
 
 def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | None = None,
-          split: bool = False, post: str | None = None) -> str:
+          split: bool = False, post: str | None = None, prefetch: tuple[int, int] | None = None) -> str:
     """``gemm_``/``gemmt_`` over a packed A micro-panel, or with ``lda`` ``gemmr_``: A read in place, row-major
     (mr rows at a constant stride, each value broadcast from its row), or with ``split`` ``gemmq_``: A read in
     place with k at stride ``lda`` (a packed panel's order, whose k-rows are ``lda`` apart), the whole tile
     stored, each vector of columns ``ldq`` apart (no accumulation, no partial tile); with ``post`` (a
     ``lower.micro.post_tag``) ``gemmqe_``: a bias vector per column added and the epilogue applied in registers
-    before the store, as selects on comparison masks (a NaN passes, as in the elementwise chain's helpers)."""
+    before the store, as selects on comparison masks (a NaN passes, as in the elementwise chain's helpers).
+    ``prefetch`` (step, lines): every step-th k of the first step*lines prefetches one line of ``pf`` (GCC, Clang).
+    """
+    if prefetch is not None and (transposed or split or mr == 1 or prefetch[0] & (prefetch[0] - 1)):
+        raise ValueError(f"gemm micro-kernel: no prefetching variant {prefetch} of this tile")
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
     nv = nr // lanes
@@ -138,9 +144,17 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
                   for r in range(mr) for q in range(nv)]
     else:
         body = step(0, acc) + advance(1)
+        if prefetch is not None:  # (a line every few k: a burst would hold the miss buffers the tile's loads need)
+            st, n = prefetch
+            body.insert(0, f"#if defined(__GNUC__) || defined(__clang__)\nif (!(k & {st - 1}) && k < {st * n}) "
+                           f"__builtin_prefetch(pf + 16 * (k / {st}), 0, 3);\n#endif")
         lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
+        if prefetch is not None:
+            lines.append("(void)pf;")
     name = (f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None
             else f"gemmq_{mr}x{nr}_{lda}_v{lanes}" if split else f"gemmr_{mr}x{nr}_{lda}")
+    if prefetch is not None:
+        name += f"_f{prefetch[0]}x{prefetch[1]}"
     if split and post is not None:
         name = f"gemmqe_{mr}x{nr}_{lda}_v{lanes}_{post}"
         lines += _post(acc, post, nv, lanes)
@@ -149,8 +163,9 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         bias = ", const float* restrict bias" if post is not None else ""
         return (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
                 f"float* restrict c, int64_t ldc, int64_t ldq{bias}) {{\n{indent(chr(10).join(lines + stores))}\n}}\n")
+    pfp = ", const float* restrict pf" if prefetch is not None else ""
     head = (f"static void dlcc_uk_{name}(int64_t kc, const float* restrict a, const float* restrict b, "
-            f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols) {{\n")
+            f"float* restrict c, int64_t ldc, int64_t acc, int64_t ncols{pfp}) {{\n")
     if transposed:  # through a local tile: c[j*ldc + r] for each column j < ncols, rows r < mr contiguous
         tile = [f"float t[{mr * nr}];"]
         tile += [f"dlcc_vf_store(t + {r * nr + q * lanes}, {acc[r][q]});" for r in range(mr) for q in range(nv)]

@@ -7,6 +7,9 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         for r < mr, j < ncols (<= nr). ``a`` is a packed A micro-panel (kc x mr, k-major), ``b`` a packed
         B micro-panel (kc x nr, k-major; columns at or beyond ncols are never stored).
 
+    gemm_{mr}x{nr}_f{step}x{lines}(kc, a, b, c, ldc, acc, ncols, pf), gemmr_..._f{step}x{lines}(...)
+        the same, and every step-th k < step*lines prefetches one 64-byte line of pf (pf + 16*(k/step)).
+
     gemmt_{mr}x{nr}(kc, a, b, c, ldc, acc, ncols)
         the same product stored transposed: c[j*ldc + r] for j < ncols, r < mr (a convolution computed with
         pixels as rows and output channels as columns, stored channel-major).
@@ -78,9 +81,10 @@ __all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSp
            "gemmr_micro", "gemmt_micro", "im2col_micro", "nchwc_micro", "post_tag", "wgi_micro", "wgo_micro"]
 
 
-def gemm_micro(mr: int, nr: int) -> str:
-    """The name of the mr x nr GEMM micro-kernel, registering its contract on first use."""
-    return _gemm_contract(mr, nr, transposed=False)
+def gemm_micro(mr: int, nr: int, prefetch: tuple[int, int] | None = None) -> str:
+    """The name of the mr x nr GEMM micro-kernel, registering its contract on first use. ``prefetch`` (step,
+    lines): see ``_gemm_contract``."""
+    return _gemm_contract(mr, nr, transposed=False, prefetch=prefetch)
 
 
 def gemmt_micro(mr: int, nr: int) -> str:
@@ -88,15 +92,26 @@ def gemmt_micro(mr: int, nr: int) -> str:
     return _gemm_contract(mr, nr, transposed=True)
 
 
-def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None) -> str:
+def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
+                   prefetch: tuple[int, int] | None = None) -> str:
+    """``prefetch`` (step, lines; name ending ``_f{step}x{lines}``, one more parameter ``pf``): every ``step``-th k
+    prefetches the next of ``lines`` 64-byte lines from ``pf`` on (k < step*lines), which no value depends on (the
+    B block the GEMM reads next, a few lines per call while this one computes: ``schedule.gemm``)."""
+    if prefetch is not None and transposed:
+        raise ValueError("gemm micro-kernel: a transposed tile does not prefetch")
     name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
+    if prefetch is not None:
+        name += f"_f{prefetch[0]}x{prefetch[1]}"
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         kc, nc = max(s["kc"], 1), max(s["ncols"], 1)
         c = (nc, s["ldc"], mr) if transposed else (mr, s["ldc"], nc)
-        return {"a": (1, 0, kc * mr) if lda is None else (mr, lda, kc), "b": (1, 0, kc * nr), "c": c}
+        out = {"a": (1, 0, kc * mr) if lda is None else (mr, lda, kc), "b": (1, 0, kc * nr), "c": c}
+        if prefetch is not None:
+            out["pf"] = (1, 0, 16 * prefetch[1])
+        return out
 
     def reference(arrays, offsets, s) -> None:
         kc, ldc, nc = s["kc"], s["ldc"], s["ncols"]
@@ -119,8 +134,9 @@ def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None) -
     a_at = f"a[k*{mr} + r]" if lda is None else f"a[r*{lda} + k]"
     MICRO[name] = MicroKernel(
         name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
-               ("ncols", "int")),
-        f"{where} (acc: +)= sum_k {a_at} * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}", footprint, reference)
+               ("ncols", "int")) + ((("pf", "in"),) if prefetch is not None else ()),
+        f"{where} (acc: +)= sum_k {a_at} * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}"
+        + (f"; prefetches pf[0 : {16 * prefetch[1]}]" if prefetch is not None else ""), footprint, reference)
     return name
 
 
@@ -433,10 +449,10 @@ def apply_post(v: np.ndarray, tag: str) -> np.ndarray:
     return v
 
 
-def gemmr_micro(mr: int, nr: int, lda: int) -> str:
+def gemmr_micro(mr: int, nr: int, lda: int, prefetch: tuple[int, int] | None = None) -> str:
     """The name of the mr x nr GEMM tile reading A in place, row-major (row stride ``lda``), registering its
-    contract."""
-    return _gemm_contract(mr, nr, transposed=False, lda=lda)
+    contract. ``prefetch``: see ``_gemm_contract``."""
+    return _gemm_contract(mr, nr, transposed=False, lda=lda, prefetch=prefetch)
 
 
 def wgi_micro(cbi: int, xrow: int, ldv: int) -> str:

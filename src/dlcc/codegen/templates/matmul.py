@@ -103,8 +103,9 @@ class _Gemm:
         bp = Buf(packed.ptr, "float32", Layout.strided(packed.shape))
         cb = Buf(c.ptr, "float32", Layout.strided((rows, self.n), (self.n, 1), c.offset))
         wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-        f = gemm_func(plan, a, bp, cb, wsb, not self.trivial, fresh=names)
-        _verify_packed_once(plan, (rs, cs), not self.trivial, ws.size)
+        l2 = call.target.l2_bytes
+        f = gemm_func(plan, a, bp, cb, wsb, not self.trivial, fresh=names, target_l2=l2)
+        _verify_packed_once(plan, (rs, cs), not self.trivial, ws.size, l2)
         batch, m = self.batch, self.m
 
         def store(idx, v):
@@ -167,7 +168,8 @@ def _verify_once(build, dims: tuple, a: Layout, b: Layout, **opts) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _verify_packed_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bool, ws_floats: int) -> None:
+def _verify_packed_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bool, ws_floats: int,
+                        l2: int | None = None) -> None:
     """verify_func on the loop IR of ``plan`` (the same for every product with this plan and A's strides)."""
     rs, cs = a_strides
     span = (plan.m - 1) * rs + (plan.k - 1) * cs + 1
@@ -177,7 +179,7 @@ def _verify_packed_once(plan: GemmPlan, a_strides: tuple[int, int], epilogue: bo
     bp = Buf("b", "float32", Layout.strided((plan.col_panels * plan.k * plan.nr,)))  # (packed K block by K block)
     c = Buf("c", "float32", Layout.strided((plan.m, plan.n)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(gemm_func(plan, a, bp, c, ws, epilogue))
+    verify_func(gemm_func(plan, a, bp, c, ws, epilogue, target_l2=l2))
 
 
 def _batch3(ref: TensorRef, lead: int) -> tuple[int, int, int] | None:
