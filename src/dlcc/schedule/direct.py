@@ -20,7 +20,7 @@ else output-channel tiles; threads split the input blocks (the repacking), then 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.loops import share
 from dlcc.schedule.target import Target
+from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_direct", "reads_in_place", "repack_phase",
            "trim_taps"]
@@ -267,26 +268,32 @@ def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
     return np.ascontiguousarray(t).reshape(p.n_oct, -1)
 
 
-def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf, ws: Buf, tv: Expr, T: int,
+def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf, ws: Buf, t: Var, T: int,
                  cb: Var, b: Var, scale: Buf | None = None, ring: tuple[int, int] | None = None) -> Stmt:
-    """Thread ``tv``'s part of repacking every image's input channel blocks (``cbi`` channels, NCHW[cbi]c, a
-    zero ring from ``g``'s padding to hp x wp) into ``ws`` at [block][image]: the threads split the blocks;
-    with fewer blocks than threads (a first convolution's 3 channels), the rows of each block. ``scale`` (N, Ci):
-    each image's channels multiplied by it on the way (``schedule.chscale``). ``ring``: the zero ring above and
-    left of the input, when not ``g``'s padding."""
+    """Repacking every image's input channel blocks (``cbi`` channels, NCHW[cbi]c, a zero ring from ``g``'s
+    padding to hp x wp) into ``ws`` at [block][image], on ``T`` threads (loop variable ``t``): the loop over the
+    blocks parallelized (``schedule.transform``); with fewer blocks than threads (a first convolution's 3
+    channels), each thread repacks its share of every block's rows. ``scale`` (N, Ci): each image's channels
+    multiplied by it on the way (``schedule.chscale``). ``ring``: the zero ring above and left of the input,
+    when not ``g``'s padding."""
     rh, rw = ring if ring is not None else (g.ph, g.pw)
     ncb = -(-g.ci // cbi)
     xd = x.layout.dims
     block = hp * wp * cbi
     by_rows = ncb * batch < T
-    y0, y1 = share(tv, hp, T) if by_rows else (Const(0), Const(hp))
+    y0, y1 = share(t, hp, T) if by_rows else (Const(0), Const(hp))
     sc = (Ptr(scale, (b, cb * cbi)),) if scale is not None else ()
     pack = Micro(nchwc_micro(cbi, g.h, g.w, rh, rw, hp, wp, xw=xd[3][3], scaled=scale is not None), (
         Ptr(x, (b, cb * cbi, Const(0), Const(0))), *sc, Const(xd[1][3]), Const(xd[2][3]),
         Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
         Ptr(ws, (simplify((cb * batch + b) * block + y0 * (wp * cbi)),))))
-    c0, c1 = (Const(0), Const(ncb)) if by_rows else share(tv, ncb, T)
-    return For(cb, c0, c1, (For(b, Const(0), Const(batch), (pack,)),))
+    loop = For(cb, Const(0), Const(ncb), (For(b, Const(0), Const(batch), (pack,)),))
+    if T == 1:
+        return loop
+    if by_rows or ncb < T:  # (each thread its rows of every block; fewer blocks than threads: theirs, some none)
+        c0, c1 = (Const(0), Const(ncb)) if by_rows else share(t, ncb, T)
+        return For(t, Const(0), Const(T), (replace(loop, start=c0, stop=c1),), "parallel")
+    return parallelize((loop,), cb.name, T, t.name)[0]
 
 
 def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "conv_direct",
@@ -300,12 +307,11 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     ``x`` in place (``DirectPlan.in_place``) has no repacking phase and leaves ``ws`` unused."""
     g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
     t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
-    tv1: Expr = t1 if T > 1 else Const(0)
     tv2: Expr = t2 if T > 1 else Const(0)
     block = p.hp * p.wp * cbi
     if p.in_place and scale is not None:
         raise ValueError("direct convolution: an input read in place cannot be scaled on the way")
-    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b, scale, (p.rh, p.rw)) \
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, t1, T, cb, b, scale, (p.rh, p.rw)) \
         if not p.in_place else None
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
@@ -323,7 +329,8 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     if wide:
         band = max(1, min(-(-g.oh // T), CL_BAND_BYTES // (4 * g.ow * width)))
     ob = Var(fresh("ob"))
-    r0, r1 = share(tv2, g.oh, T)
+    r0, r1 = share(tv2, g.oh, T) if p.order == "rows" else (Const(0), Const(g.oh))
+    o0, o1 = Const(0), Const(p.n_oct)  # (the channel tiles' orders: threads by parallelize, at the end)
     first = simplify(r0 + ob * band)  # the band's first row (band > 1)
     span = g.oh * g.ow if whole else band * g.ow
     acc = Buf(fresh("acc"), "float32", Layout.strided((span, width) if cl else (p.no, span + DCONV_PAD)), "stack")
@@ -423,13 +430,10 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     elif p.order == "rows":
         nest = rows(r0, r1, lambda t: (For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*t, epilogue)),)),))
     elif p.order == "oc":
-        o0, o1 = share(tv2, p.n_oct, T)
         nest = (For(oct, o0, o1, rows(Const(0), Const(g.oh), lambda t: (Alloc(acc, (*t, epilogue)),))),)
     elif p.order == "plane":
-        o0, o1 = share(tv2, p.n_oct, T)
         nest = (For(oct, o0, o1, (Alloc(acc, (*rows(Const(0), Const(g.oh), lambda t: t), epilogue)),)),)
     else:  # "chunks": the first chunk of input blocks stored, the later ones added, then the epilogue
-        o0, o1 = share(tv2, p.n_oct, T)
         ch = Var(fresh("ch"))
         nch = -(-ncb // p.chunk)
         first = rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False))
@@ -437,14 +441,13 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t, rest)),)
         nest = (For(oct, o0, o1, (Alloc(acc, (*first, *later, epilogue)),)),)
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
+    if T > 1 and p.order == "rows":  # (each thread its rows, split where the kernel rows that reach in change)
+        phase2 = For(t2, Const(0), Const(T), (phase2,), "parallel")
+    elif T > 1:  # the channel tiles' loop parallelized, the threads outside the images
+        phase2 = reorder(parallelize((phase2,), oct.name, T, t2.name), [t2.name, b.name])[0]
     params = (x, wp, c, *((scale,) if scale is not None else ()))
     if phase1 is None:  # read in place: no repacking, no workspace
-        return Func(name, params, (For(t2, Const(0), Const(T), (phase2,), "parallel") if T > 1 else phase2,))
-    if T > 1:
-        body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
-                                  For(t2, Const(0), Const(T), (phase2,), "parallel"))
-    else:
-        body = (phase1, phase2)
-    return Func(name, params, (Alloc(ws, body),), (ws,))
+        return Func(name, params, (phase2,))
+    return Func(name, params, (Alloc(ws, (phase1, phase2)),), (ws,))
 
 

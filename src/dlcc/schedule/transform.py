@@ -14,8 +14,13 @@ tile, parallel, vectorize, unroll.
     mark(f, var, kind)                   serial | parallel | vectorized | unrolled
     drop_unit_loops(f)                   loops of one iteration replaced by their start
 
-The elementwise schedule (``schedule.elementwise``) is written as a plain nest and a list of these; the
-verifier (``lower.lir.verify_func``) checks a parallel loop's disjoint writes after ``parallelize``.
+The elementwise schedule (``schedule.elementwise``) is written as a plain nest and a list of these, and so are
+the threads of the reductions, the depthwise and batched products, LRN, global pooling, the repacking of a
+convolution's input (over its channel blocks) and the direct convolution's output-channel tiles
+(``parallelize`` then ``reorder`` to put the threads outside the images). Kernels whose threads address their own
+per-thread workspace (Winograd's V and M, a GEMM's packed panels) or split output rows where the kernel rows that
+reach the input change stay written per thread. The verifier (``lower.lir.verify_func``) checks a parallel
+loop's disjoint writes after ``parallelize``.
 """
 
 from __future__ import annotations

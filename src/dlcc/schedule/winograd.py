@@ -242,9 +242,8 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     g, T, cbi, mr, nr = p.g, p.threads, p.cbi, p.mr, p.nr
     t1, t2, b, cb, blk, cbx, ty, tx, xi, jp, rp, kb, o, yy, q = (
         Var(fresh(v)) for v in ("t", "t", "b", "cb", "blk", "cbx", "ty", "tx", "xi", "jp", "rp", "kb", "o", "yy", "q"))
-    tv1: Expr = t1 if T > 1 else Const(0)
     tv2: Expr = t2 if T > 1 else Const(0)
-    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, tv1, T, cb, b)
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, t1, T, cb, b)
 
     pb, cp, kp, tw = p.pb, p.cp, p.kp, p.tw
     ldv, ldm = p.ldv, p.ldm
@@ -298,9 +297,6 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
 
     b0, b1 = share(tv2, p.nblk, T)
     phase2: Stmt = For(b, Const(0), Const(p.batch), (For(blk, b0, b1, (transform_in, products, outputs)),))
-    if T > 1:
-        body: tuple[Stmt, ...] = (For(t1, Const(0), Const(T), (phase1,), "parallel"),
-                                  For(t2, Const(0), Const(T), (phase2,), "parallel"))
-    else:
-        body = (phase1, phase2)
-    return Func(name, (x, up, c), (Alloc(ws, body),), (ws,))
+    if T > 1:  # (each thread its blocks, in its own V and M: the thread index addresses them)
+        phase2 = For(t2, Const(0), Const(T), (phase2,), "parallel")
+    return Func(name, (x, up, c), (Alloc(ws, (phase1, phase2)),), (ws,))
