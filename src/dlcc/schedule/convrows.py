@@ -77,14 +77,13 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.schedule.loops import numbered, share
+from dlcc.schedule.loops import PAR_MIN_FLOPS, numbered, share
 from dlcc.schedule.pads import Attr, attr_ints, conv_pads, convt_pads
 from dlcc.schedule.target import Target
 
 __all__ = ["UNIT", "Phase", "RowsPlan", "conv_phases", "conv_rows_plan", "convt_phases", "pack_rows", "plan_rows",
            "rows_func", "weight_layout"]
 
-PAR_MIN_FLOPS = 2e6  # below this much work one thread (a dispatch costs a few microseconds)
 
 
 @dataclass(frozen=True)

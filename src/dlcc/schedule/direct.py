@@ -43,7 +43,7 @@ from dlcc.lower.lir import (
 )
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
-from dlcc.schedule.loops import share
+from dlcc.schedule.loops import PAR_MIN_FLOPS, share
 from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
@@ -53,10 +53,6 @@ __all__ = ["DirectPlan", "direct_func", "direct_pays", "pack_direct", "plan_dire
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
 CL_BAND_BYTES = 64 * 1024  # channels-last, rows outside: a band of rows of every channel tile up to this size
-# below this much work one thread: a dispatch to the pool's spinning worker costs about a microsecond (the kit's
-# residual block, two 1.2 MFLOP 3x3 convolutions of 16 channels at 16 x 16: 16.5 -> 11.1 us at 2 threads; at
-# 2 MFLOP, the old bound, they ran on one thread and onnxruntime's 2 threads were 10% faster)
-PAR_MIN_FLOPS = 5e5
 BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (plan_direct's balance with threads)
 # bytes between addresses that share an L1 set (32 KiB 8-way, 48 KiB 12-way): a register tile broadcasting from
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read

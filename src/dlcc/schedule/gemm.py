@@ -47,7 +47,7 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.lower.micro import gemm_micro, gemmr_micro, gemmt_micro, im2col_micro
-from dlcc.schedule.loops import share
+from dlcc.schedule.loops import PAR_MIN_FLOPS_WS, share
 from dlcc.schedule.target import Target
 
 __all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_batched_dims",
@@ -154,7 +154,7 @@ def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmP
     nc = -(-panels // -(-panels // nc_max))
     row_blocks = -(-m // mr)
     tm = tn = 1
-    if threads > 1 and 2.0 * m * n * k >= 2e6:
+    if threads > 1 and 2.0 * m * n * k >= PAR_MIN_FLOPS_WS:
         # the split whose busiest thread has the fewest tiles, rows first on a tie (each thread then packs only
         # its rows of A): 3 row micro-panels of 72 column panels (BERT at sequence 32) go by columns
         tm, tn = min([(threads, 1), (1, min(threads, panels))],
@@ -172,7 +172,7 @@ def plan_gemm_wconst(m: int, n: int, k: int, batch: int, target: Target, threads
     time, one kc x nc block at a time: a 1x1 convolution (A = W: Co x Ci, B = X: Ci x pixels)."""
     p = plan_gemm(m, n, k, target, 1)
     tm = tn = 1
-    if threads > 1 and 2.0 * m * n * k * batch >= 2e6:
+    if threads > 1 and 2.0 * m * n * k * batch >= PAR_MIN_FLOPS_WS:
         if p.col_panels >= 2 * threads or p.row_blocks < threads:
             tn = min(threads, p.col_panels)
         else:
@@ -335,7 +335,7 @@ def plan_gemm_conv(co: int, g: ConvGeometry, batch: int, target: Target, threads
     one row micro-panel of the implicit im2col matrix packed at a time (mr x kc in workspace)."""
     p = plan_gemm(g.oh * g.ow, co, g.ci * g.kh * g.kw, target, 1)
     tm = tn = 1
-    if threads > 1 and 2.0 * p.m * p.n * p.k * batch >= 2e6:
+    if threads > 1 and 2.0 * p.m * p.n * p.k * batch >= PAR_MIN_FLOPS_WS:
         # threads over output channels: each writes whole channel planes of the output. Split by pixels,
         # two threads would write the same cache line of every channel at their boundary, once per K block.
         if p.col_panels >= threads:
@@ -432,7 +432,7 @@ def plan_gemm_batched(batch: int, m: int, n: int, k: int, target: Target, thread
     P V): threads over the batch (heads); per product, B's K block packed whole (all its column panels)
     and A one row micro-panel at a time, into the thread's workspace."""
     p = plan_gemm(m, n, k, target, 1)
-    t = threads if threads > 1 and batch >= threads and 2.0 * m * n * k * batch >= 2e6 else 1
+    t = threads if threads > 1 and batch >= threads and 2.0 * m * n * k * batch >= PAR_MIN_FLOPS_WS else 1
     return GemmPlan(m, n, k, p.mr, p.nr, p.kc, p.nc, t, 1, "ab", batch)
 
 

@@ -10,7 +10,17 @@ from collections.abc import Callable, Sequence
 
 from dlcc.lower.lir import Const, Expr, For, Stmt, Var, simplify
 
-__all__ = ["nest", "numbered", "share"]
+__all__ = ["PAR_MIN_FLOPS", "PAR_MIN_FLOPS_WS", "nest", "numbered", "share"]
+
+# below this much work a kernel runs on one thread: a dispatch to the pool's spinning worker costs about a
+# microsecond, so 0.5 MFLOP (2-3 us at one thread) still gains (the kit's residual block, two 1.2 MFLOP 3x3
+# convolutions of 16 channels at 16 x 16: 16.5 -> 11.1 us at 2 threads; at the old bound of 2 MFLOP they ran on
+# one thread and onnxruntime's 2 threads were 10% faster)
+PAR_MIN_FLOPS = 5e5
+# the same for kernels whose every thread needs its own workspace (a GEMM's packed panels, Winograd's V and M, the
+# fused 1x1 -> depthwise pair's rows): below this their second thread's workspace costs more arena than the
+# microseconds it saves (a 240 -> 8 channel 1x1 convolution at 14 x 14 as a GEMM on 2 threads: 188 KB more)
+PAR_MIN_FLOPS_WS = 2e6
 
 
 def numbered() -> Callable[[str], str]:

@@ -57,7 +57,7 @@ from dlcc.lower.lir import (
 from dlcc.lower.micro import gemmq_micro
 from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads, dwc_rows
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
-from dlcc.schedule.loops import share
+from dlcc.schedule.loops import PAR_MIN_FLOPS_WS, share
 from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.target import Target
 
@@ -153,8 +153,8 @@ def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int 
     # thread's first band also computes the input rows its neighbour's last band reads): whichever gives the
     # busiest thread the fewer rows of the 1x1 convolution (EfficientNet-B0's 42 blocks of 672 channels at 14 x
     # 14 with 5 x 5 taps: 11 of 21 groups, not 7 + 4 of 14 rows)
-    t = threads if threads > 1 and (2.0 * batch * k * g.ci * g.h * g.w >= 2e6 or dw_threads(g, batch, threads) > 1) \
-        else 1
+    t = threads if threads > 1 and (2.0 * batch * k * g.ci * g.h * g.w >= PAR_MIN_FLOPS_WS
+                                    or dw_threads(g, batch, threads) > 1) else 1
     taps_h = (g.kh - 1) * g.dh + 1
     by_rows = False
     if t > 1:

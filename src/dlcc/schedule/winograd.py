@@ -46,9 +46,9 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.lower.micro import WINO_G, gemmr_micro, wgi_micro, wgo_micro
-from dlcc.schedule.direct import PAR_MIN_FLOPS, repack_phase
+from dlcc.schedule.direct import repack_phase
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
-from dlcc.schedule.loops import share
+from dlcc.schedule.loops import PAR_MIN_FLOPS_WS, share
 from dlcc.schedule.target import Target
 
 __all__ = ["WinoPlan", "pack_winograd", "plan_winograd", "spread", "use_winograd", "wino_func", "winograd_fits"]
@@ -194,7 +194,7 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
     cp = -(-g.ci // lanes) * lanes
     kp = -(-co // nr) * nr
     flops = 2.0 * batch * co * g.oh * g.ow * g.ci * 9
-    t = threads if threads > 1 and flops >= PAR_MIN_FLOPS and th >= threads else 1
+    t = threads if threads > 1 and flops >= PAR_MIN_FLOPS_WS and th >= threads else 1
     u_bytes = 4 * 36 * cp * kp
 
     def cost(tr: int) -> float:

@@ -32,6 +32,7 @@ import onnx_ir as ir
 from dlcc.codegen.cbase import Names, Operand, Store, TensorRef
 from dlcc.codegen.lir_c import print_c
 from dlcc.lower.lir import Func, print_func
+from dlcc.schedule.loops import PAR_MIN_FLOPS
 from dlcc.schedule.target import Target, get_target
 
 __all__ = ["NEEDS_BUFFERS", "TEMPLATES", "InputScale", "Producer", "TemplateCall", "register"]
@@ -100,7 +101,7 @@ class TemplateCall:
 
     def parallel(self, flops: float) -> bool:
         """Whether to mark a loop for the thread pool: more than one thread, and enough work (``flops``)
-        that a dispatch (a few microseconds) is worth it."""
+        that a dispatch (about a microsecond: ``schedule.loops.PAR_MIN_FLOPS``) is worth it."""
         return self.threads > 1 and flops >= PAR_MIN_FLOPS
 
     def attr(self, name: str, default=None):
@@ -108,8 +109,6 @@ class TemplateCall:
         return default if a is None else a.value
 
 
-# a template's loop is split over threads only above this much work (a dispatch costs a few microseconds)
-PAR_MIN_FLOPS = 2e6
 
 TEMPLATES: dict[str, Callable[[TemplateCall], str]] = {}
 NEEDS_BUFFERS: set[str] = set()
