@@ -60,7 +60,7 @@ def main() -> int:
     print(f"ops        : {moved or 'unchanged'}")
     print(f"optimize   : {seconds:.2f} s, wrote {opt} ({opt.stat().st_size / 1e6:.1f} MB)")
     print("check      : outputs match onnxruntime on the original (see table above)")
-    print(f"fusion     : {plan.num_kernels} kernels ({plan.fusion_rate:.2f} nodes per kernel); {plan.reason}")
+    print(f"fusion     : {plan.num_kernels} groups ({plan.fusion_rate:.2f} nodes per group); {plan.reason}")
     print(f"report     : {out / 'resnet50.html'} (open it in a browser)")
     c = compiled
     mib = 1024 * 1024
