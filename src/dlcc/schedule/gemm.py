@@ -47,7 +47,7 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.lower.micro import gemm_micro, gemmr_micro, gemmt_micro, im2col_micro
-from dlcc.schedule.loops import PAR_MIN_FLOPS_WS, share
+from dlcc.schedule.loops import PAR_MIN_FLOPS, PAR_MIN_FLOPS_WS, share
 from dlcc.schedule.target import Target
 
 __all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_batched_dims",
@@ -144,6 +144,9 @@ def tile_rows(m: int, mr_max: int, no_one_row_tail: bool = False) -> int:
     return min(mr, max(1, m))
 
 
+SMALL_WS_BYTES = 16 * 1024  # a thread's packed rows of A this small: threads from PAR_MIN_FLOPS (plan_gemm)
+
+
 def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmPlan:
     nr, mr_max = register_tile(target)
     mr = tile_rows(m, mr_max)
@@ -154,7 +157,10 @@ def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmP
     nc = -(-panels // -(-panels // nc_max))
     row_blocks = -(-m // mr)
     tm = tn = 1
-    if threads > 1 and 2.0 * m * n * k >= PAR_MIN_FLOPS_WS:
+    # threads from PAR_MIN_FLOPS_WS (each packs its own rows of A), or from PAR_MIN_FLOPS where those rows are a
+    # few KB (a classifier's one row: ShuffleNet's 544 -> 1000, MobileNetV3-Small's 576 -> 1024)
+    small = 4 * row_blocks * mr * kc <= SMALL_WS_BYTES
+    if threads > 1 and 2.0 * m * n * k >= (PAR_MIN_FLOPS if small else PAR_MIN_FLOPS_WS):
         # the split whose busiest thread has the fewest tiles, rows first on a tie (each thread then packs only
         # its rows of A): 3 row micro-panels of 72 column panels (BERT at sequence 32) go by columns
         tm, tn = min([(threads, 1), (1, min(threads, panels))],
