@@ -146,8 +146,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
         body = step(0, acc) + advance(1)
         if prefetch is not None:  # (a line every few k: a burst would hold the miss buffers the tile's loads need)
             st, n = prefetch
-            body.insert(0, f"#if defined(__GNUC__) || defined(__clang__)\nif (!(k & {st - 1}) && k < {st * n}) "
-                           f"__builtin_prefetch(pf + 16 * (k / {st}), 0, 3);\n#endif")
+            body.insert(0, _prefetch(f"if (!(k & {st - 1}) && k < {st * n}) ", f"pf + 16 * (k / {st})"))
         lines.append(f"for (int64_t k = 0; k < kc; ++k) {{\n{indent(chr(10).join(body))}\n}}")
         if prefetch is not None:
             lines.append("(void)pf;")
@@ -460,8 +459,7 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
         taps = f"    {{\n{indent(taps, 1)}\n        w += {(kwf - kw) * cbi * no};\n    }}"
     ahead = ""
     if prefetch:  # (a few lines per block: a burst at once would hold the miss buffers the tile's own loads need)
-        ahead = (f"\n#if defined(__GNUC__) || defined(__clang__)\n    for (int64_t j = 0; j < {prefetch}; ++j) "
-                 f"__builtin_prefetch(pf + 16 * (b * {prefetch} + j), 0, 3);\n#endif")
+        ahead = "\n" + _prefetch(f"    for (int64_t j = 0; j < {prefetch}; ++j) ", f"pf + 16 * (b * {prefetch} + j)")
     lines.append(f"for (int64_t b = 0; b < ncb; ++b) {{{ahead}\n    for (int64_t ky = 0; ky < {kh}; ++ky)\n"
                  f"{indent(taps, 2)}{skip}\n}}")
     if prefetch:
@@ -481,6 +479,12 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     pfp = ", const float* restrict pf" if prefetch else ""
     return (f"{attr}static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
             f"float* restrict c, int64_t ldc{pfp}) {{\n{indent(chr(10).join(lines))}\n}}\n")
+
+
+def _prefetch(head: str, at: str) -> str:
+    """C prefetching the 64-byte line at ``at`` for reading, after ``head`` (a loop or a test), on GCC and Clang
+    (elsewhere nothing: the micro-kernels that take a ``pf`` pointer also say ``(void)pf;``)."""
+    return f"#if defined(__GNUC__) || defined(__clang__)\n{head}__builtin_prefetch({at}, 0, 3);\n#endif"
 
 
 def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int,
