@@ -58,7 +58,6 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
 # in place from 512 channels-last channels: 0.87 -> 0.97 ms)
 L1_WAY_BYTES = 4096
-PREFETCH = True  # the next channel tile's weights prefetched (direct_func)
 
 
 @dataclass(frozen=True)
@@ -341,7 +340,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # of the next tile's weights a few lines per input block instead (ResNet-50's 512 -> 2048 channels at 7 x 7:
     # 78% -> 98% of the FMA peak for the tile alone with its weights from memory)
     wlen = ncb * g.kh * g.kw * cbi * p.no  # floats of one channel tile's packed weight
-    pf_lines = -(-wlen // (16 * ncb * g.oh)) if PREFETCH and p.order in ("plane", "oc") and p.n_oct > 1 else 0
+    pf_lines = -(-wlen // (16 * ncb * g.oh)) if p.order in ("plane", "oc") and p.n_oct > 1 else 0
 
     def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk) -> Stmt:
         """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
