@@ -21,7 +21,9 @@ are visited by decreasing breadth (the sum of sizes live at the step, ties: earl
 each step its not-yet-placed buffers are placed from the largest to the smallest. Greedy by area (the
 third) orders by size x lifetime, largest first: long-lived activations settle at the bottom and the
 short-lived buffers (a kernel's workspace lives for one step) fill the space above them, step by step.
-The default strategy ``"auto"`` runs all three and keeps the smallest arena (the earlier one on a tie).
+The default strategy ``"auto"`` runs all three and keeps the smallest arena (the earlier one on a tie);
+when that is above the lower bound, a short seeded search (``_search``) swaps nearby buffers of its order and
+keeps a smaller placement it finds (strategy ``"search"``).
 
 An arena over time: A (steps 0-1) and C (steps 3-4) never live at the same step, so C reuses A's
 bytes; B (64 bytes, steps 1-4, placed first as the largest) overlaps both and sits below them.
@@ -220,26 +222,69 @@ def plan_memory(buffers: Iterable[Buffer], alignment: int = 64, strategy: str = 
     _check_ids(bufs)
     if strategy == "auto":
         plans = [plan_memory(bufs, alignment, name) for name in STRATEGIES]
-        return min(plans, key=lambda p: p.arena_bytes)  # min keeps the first of equals
-    if strategy == "greedy-by-size":
-        order = _order_by_size(bufs)
-    elif strategy == "greedy-by-breadth":
-        order = _order_by_breadth(bufs, alignment)
-    elif strategy == "greedy-by-area":
-        order = _order_by_area(bufs)
-    else:
+        best = min(plans, key=lambda p: p.arena_bytes)  # min keeps the first of equals
+        if best.arena_bytes > best.lower_bound:
+            found = _search(bufs, alignment, _order(bufs, alignment, best.strategy), best.arena_bytes, best.lower_bound)
+            if found is not None:
+                return _plan(bufs, alignment, found, "search")
+        return best
+    if strategy not in STRATEGIES:
         raise PassError(f"memory planner: unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)} or auto")
+    return _plan(bufs, alignment, _order(bufs, alignment, strategy), strategy)
+
+
+def _order(bufs: Sequence[Buffer], alignment: int, strategy: str) -> list[Buffer]:
+    if strategy == "greedy-by-size":
+        return _order_by_size(bufs)
+    if strategy == "greedy-by-breadth":
+        return _order_by_breadth(bufs, alignment)
+    return _order_by_area(bufs)
+
+
+def _arena(bufs: Sequence[Buffer], alignment: int, offsets: Mapping[int, int]) -> int:
+    return max((offsets[b.id] + align_up(b.size, alignment) for b in bufs), default=0)
+
+
+def _plan(bufs: Sequence[Buffer], alignment: int, order: Sequence[Buffer], strategy: str) -> MemoryPlan:
     offsets = _place(order, alignment)
-    sizes = {b.id: align_up(b.size, alignment) for b in bufs}
-    arena = max((offsets[i] + sizes[i] for i in offsets), default=0)
     return MemoryPlan(
         offsets=dict(sorted(offsets.items())),
-        arena_bytes=arena,
+        arena_bytes=_arena(bufs, alignment, offsets),
         lower_bound=lower_bound(bufs, alignment),
-        no_reuse_bytes=sum(sizes.values()),
+        no_reuse_bytes=sum(align_up(b.size, alignment) for b in bufs),
         alignment=alignment,
         strategy=strategy,
     )
+
+
+SEARCH_WORK = 2_000_000  # the search's budget: tries x buffers^2 (about 180 tries of ResNet-50's 106 buffers)
+
+
+def _search(bufs: Sequence[Buffer], alignment: int, order: list[Buffer], arena: int, bound: int) -> list[Buffer] | None:
+    """An order whose best-fit placement is smaller than ``arena``, or None: the greedy ``order`` with a few
+    nearby buffers swapped (seeded, so a model always gets the same plan), keeping each improvement, until the
+    lower bound or the budget. Greedy orders miss the bound where equal large buffers land in the wrong
+    slots: ResNet-50 at 2 threads on AVX2 1.26x the bound (three 4.5 MB workspaces above the activations),
+    ResNet-18 at 1 thread 1.11x; both reach it within 30 tries."""
+    import random
+
+    rng = random.Random(0)
+    found = None
+    n = len(order)
+    if n < 2:
+        return None
+    for _ in range(max(20, min(500, SEARCH_WORK // (n * n)))):
+        trial = list(found or order)
+        for _ in range(rng.randint(1, 8)):
+            i = rng.randrange(n - 1)
+            j = min(n - 1, i + rng.randint(1, 6))
+            trial[i], trial[j] = trial[j], trial[i]
+        size = _arena(bufs, alignment, _place(trial, alignment))
+        if size < arena:
+            found, arena = trial, size
+            if arena <= bound:
+                break
+    return found
 
 
 def verify_memory_plan(buffers: Iterable[Buffer], plan: MemoryPlan) -> None:
