@@ -4,11 +4,15 @@ regression cases the fuzzer found, each minimized and built in code."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx
 import onnx.parser
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from dlcc.schedule.direct import reads_in_place
+from dlcc.schedule.gemm import ConvGeometry
 from dlcc.testing.differential import check_graph, prune
 from dlcc.testing.graphs import graphs, random_graph
 
@@ -119,6 +123,17 @@ def test_regression_pad_constant_still_right():
                """g (float[2,3,5] x) => (float[3,6,7] y) <int64[6] pads = {1,2,1,0,1,1}, float v = {0.25}>""", 18)
     for fusion in ("tvm", "dnnfusion"):
         assert check_graph(m, 0, levels=(), fusion=fusion, compile_level=0) == []
+
+
+# Bug 5 (schedule/direct.py, the hypothesis run on an AVX2 machine): a 1x1 convolution padded only at the end
+# (pads 0,0,0,1: output 1x2 from a 1x1 input) was read in place, its second pixel past the input; the loop IR
+# verifier stopped the compile. Fixed: reads_in_place asks that every output pixel reads inside the input.
+def test_regression_end_padded_pointwise_conv_not_read_in_place():
+    m = _model("""    y = Conv <kernel_shape: ints = [1, 1], pads: ints = [0, 0, 0, 1]> (x, w)""",
+               """g (float[1,1,1,1] x) => (float[1,1,1,2] y) <float[1,1,1,1] w = {0.125}>""")
+    assert check_graph(m, 0, levels=(), compile_level=0) == []
+    g = ConvGeometry(1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 0, 0)  # (on every target: in AVX-512's plan too)
+    assert not reads_in_place(g, (1, 1, 1, 1), 16) and reads_in_place(dataclasses.replace(g, ow=1), (1, 1, 1, 1), 16)
 
 
 # Bug 4 (passes/rewrite.py, seed 20533): a rewrite whose root output had no dtype yet (made by another rule

@@ -62,7 +62,7 @@ from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.target import Target
 
 __all__ = ["PwDwPlan", "depthwise_geometry", "fuse_pointwise_depthwise", "fused_plan", "pack_bias", "pack_pw",
-           "plan_pwdw", "pointwise_input", "pwdw_func"]
+           "pair_pays", "plan_pwdw", "pointwise_input", "pwdw_func"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,19 @@ class PwDwPlan:
     @property
     def workspace_floats(self) -> int:
         return self.threads * (self.blocks_per_thread * self.hb * self.wp * self.cbi + self.scratch_floats)
+
+
+ROW_FILL_MIN = 0.8  # on 16-register targets, the fused pair only where its row tiles fill at least this much
+
+
+def pair_pays(plan: PwDwPlan, target: Target) -> bool:
+    """Is the fused pair of this plan worth running? Not on 16-register targets where the row tiles of its 1x1
+    convolution leave much of the last tile empty (``ROW_FILL_MIN``: AVX2's 5-pixel tiles on 7-pixel rows, 5 + 2),
+    the loss plan_pwdw's flat form avoids on AVX-512; the unfused GEMM runs along the plane."""
+    if plan.flat or target.vector_registers >= 32:
+        return True
+    w = plan.g.w
+    return w / (-(-w // plan.mr) * plan.mr) >= ROW_FILL_MIN
 
 
 def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int = 1,
@@ -396,7 +409,8 @@ def _pair_plan(p: Program, pw: ir.Node, dw: ir.Node, target: Target, threads: in
     if geo is None or dims is None or x not in p.value_buffer:
         return None
     strides = p.window(p.value_buffer[x])[2]
-    return plan_pwdw(geo[0], dims[0], geo[1], target, threads, strides[2] == geo[0].w)
+    plan = plan_pwdw(geo[0], dims[0], geo[1], target, threads, strides[2] == geo[0].w)
+    return plan if plan is not None and pair_pays(plan, target) else None
 
 
 def fuse_pointwise_depthwise(p: Program, target: Target, threads: int) -> int:

@@ -23,7 +23,7 @@ from dlcc.lower.kir import Buffer, Program
 from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
-from dlcc.schedule.direct import direct_pays, plan_direct, reads_in_place, trim_taps
+from dlcc.schedule.direct import direct_pays, flat_pointwise, plan_direct, reads_in_place, trim_taps
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -96,7 +96,9 @@ def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], targe
     except TemplateError:
         return None
     g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
-    return ("winograd" if use_winograd(g, co, batch, target, threads) else "direct"), g
+    if use_winograd(g, co, batch, target, threads):
+        return "winograd", g
+    return "direct", flat_pointwise(g, co, target)
 
 
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:

@@ -20,6 +20,7 @@ Sums run in a different order than onnxruntime: tests compare with rtol 1e-4 (DE
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -36,6 +37,7 @@ from dlcc.schedule.direct import (
     DirectPlan,
     direct_func,
     direct_pays,
+    flat_pointwise,
     pack_direct,
     plan_direct,
     reads_in_place,
@@ -293,9 +295,16 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
     epilogue."""
     g, (y0, y1), (x0, x1) = trim_taps(g)  # taps no output reaches inside the input: dropped
     w4 = w4[:, :, y0:y1, x0:x1]
+    outs = (g.oh, g.ow)
+    flat = flat_pointwise(g, w4.shape[0], call.target)
+    n, c, h, w = xref.shape
+    step = xref.strides[3] if w > 1 else xref.strides[2]  # (from pixel to pixel along the plane, if it is one row)
+    if flat is not g and step > 0 and xref.strides[2] == w * step:  # (rows contiguous: the plane is one row)
+        g = flat
+        xref = dataclasses.replace(xref, shape=(n, c, 1, h * w), strides=(*xref.strides[:2], h * w * step, step))
     plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads,
                        xref.strides if call.input_scale is None else None)
-    return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func)
+    return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func, outs)
 
 
 def _winograd(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorRef | None,
@@ -308,7 +317,7 @@ def _winograd(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorR
 
 def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g: ConvGeometry,
                   plan: DirectPlan | WinoPlan, pack: Callable[[], np.ndarray],
-                  func: Callable[..., Func]) -> str | None:
+                  func: Callable[..., Func], outs: tuple[int, int] | None = None) -> str | None:
     """The loop IR ``func(plan, x, packed weight, c, ws)`` of a convolution whose plan needs workspace (the
     direct or the Winograd form), or None when the declared workspace is smaller than the plan's; the weight
     packed at compile time (``pack``, only when it runs); each output pixel through the fused epilogue."""
@@ -338,7 +347,7 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     f = func(plan, x, wp, cb, wsb, fresh=names, **kw)
     _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size if ws is not None else 1, cl,
                          sc is not None)
-    outs = [g.oh, g.ow]
+    outs = list(outs or (g.oh, g.ow))  # (the output's rows and columns: ``g``'s, or those of its plane as one row)
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
