@@ -11,8 +11,9 @@ import onnx.parser
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from dlcc.schedule.direct import reads_in_place
+from dlcc.schedule.direct import flat_pointwise, reads_in_place
 from dlcc.schedule.gemm import ConvGeometry
+from dlcc.schedule.target import get_target
 from dlcc.testing.differential import check_graph, prune
 from dlcc.testing.graphs import graphs, random_graph
 
@@ -134,6 +135,13 @@ def test_regression_end_padded_pointwise_conv_not_read_in_place():
     assert check_graph(m, 0, levels=(), compile_level=0) == []
     g = ConvGeometry(1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 0, 0)  # (on every target: in AVX-512's plan too)
     assert not reads_in_place(g, (1, 1, 1, 1), 16) and reads_in_place(dataclasses.replace(g, ow=1), (1, 1, 1, 1), 16)
+    # nor is one padded at the end of both axes taken as one row of its input's pixels (the AVX2 plans)
+    m = _model("""    y = Conv <kernel_shape: ints = [1, 1], pads: ints = [0, 0, 1, 1]> (x, w)""",
+               """g (float[1,1,1,1] x) => (float[1,1,2,2] y) <float[1,1,1,1] w = {0.125}>""")
+    assert check_graph(m, 0, levels=(), compile_level=0) == []
+    avx2 = get_target("x86-64-v3")
+    assert flat_pointwise(dataclasses.replace(g, oh=2), 1, avx2).oh == 2
+    assert flat_pointwise(ConvGeometry(512, 7, 7, 7, 7, 1, 1, 1, 1, 1, 1, 0, 0), 2048, avx2).ow == 49
 
 
 # Bug 4 (passes/rewrite.py, seed 20533): a rewrite whose root output had no dtype yet (made by another rule

@@ -131,7 +131,8 @@ def flat_pointwise(g: ConvGeometry, co: int, target: Target) -> ConvGeometry:
     convolution are independent, and a plane whose rows are contiguous is one row. Zen 3, AVX2, 1 thread, one
     layer: ResNet-50's 512 -> 2048 at 7 x 7 (rows of 6 + 1 pixels) 66 -> 82 GFLOP/s, 1024 -> 256 at 14 x 14 65 ->
     69, 128 -> 512 at 28 x 28 75 -> 83. (On AVX-512 the 3 x 7 and 2 x 14 tiles fill 7-, 14- and 28-wide rows.)"""
-    if (g.kh, g.kw, g.sh, g.sw, g.ph, g.pw) != (1, 1, 1, 1, 0, 0) or g.oh == 1 or target.vector_registers >= 32:
+    if ((g.kh, g.kw, g.sh, g.sw, g.ph, g.pw) != (1, 1, 1, 1, 0, 0) or (g.oh, g.ow) != (g.h, g.w) or g.oh == 1
+            or target.vector_registers >= 32):  # (padded at the end: more output pixels than input ones)
         return g
     flat = replace(g, h=1, w=g.h * g.w, oh=1, ow=g.oh * g.ow)
     return flat if _best_tile(flat.ow, co, target)[0] > _best_tile(g.ow, co, target)[0] else g
