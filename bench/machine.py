@@ -27,8 +27,16 @@ def machine_description() -> str:
         mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
     except (OSError, AttributeError):
         pass
+    isa = ""
+    try:  # (the vector ISA the generated C targets here: AVX-512 and AVX2 machines give very different figures)
+        from dlcc.schedule.target import get_target
+
+        t = get_target("native")
+        isa = f", target {t.detected_from} ({' '.join(t.features) or 'scalar'}, {8 * t.vector_bytes}-bit vectors)"
+    except Exception:  # noqa: BLE001 (a description only)
+        pass
     return (f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}")
+            f"Python {platform.python_version()}{isa}")
 
 
 def write_section(path: Path, title: str, body: str) -> None:
