@@ -41,6 +41,7 @@ the largest sum of (aligned) sizes live at one step. The arena can exceed it (th
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -266,8 +267,6 @@ def _search(bufs: Sequence[Buffer], alignment: int, order: list[Buffer], arena: 
     lower bound or the budget. Greedy orders miss the bound where equal large buffers land in the wrong
     slots: ResNet-50 at 2 threads on AVX2 1.26x the bound (three 4.5 MB workspaces above the activations),
     ResNet-18 at 1 thread 1.11x; both reach it within 30 tries."""
-    import random
-
     rng = random.Random(0)
     found = None
     n = len(order)

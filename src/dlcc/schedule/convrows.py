@@ -85,7 +85,6 @@ __all__ = ["UNIT", "Phase", "RowsPlan", "conv_phases", "conv_rows_plan", "convt_
            "rows_func", "weight_layout"]
 
 
-
 @dataclass(frozen=True)
 class Phase:
     """Output positions ``oo + os*u`` (u < count) of one spatial dim; tap j < n reads the input position

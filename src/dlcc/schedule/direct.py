@@ -240,12 +240,11 @@ def _best_tile(ow: int, co: int, target: Target, max_nv: int = 4) -> tuple[float
 
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
                 strides: Sequence[int] | None = None, max_nv: int = 4) -> DirectPlan:
-    """The register tile: channel vectors x pixels of the most useful accumulators that fit the register
+    """The register tile: channel vectors x pixels, the best by ``tile_score`` of those that fit the register
     file beside one weight vector per channel vector and the broadcast input (one register; two where the
-    FMA cannot take a broadcast from memory, i.e. without AVX-512): accumulators times the share of them a
-    row (its last tile may be shorter) and the output channels (the last channel tile may run past them)
-    keep busy; 1 to 4 channel vectors (1 only when the channels fill only one) and at most 14 pixels; ties
-    go to the longer pixel run. AVX-512: 2 x 14 (4 x 6 would leave 7-wide rows a 1-pixel tail: 3 x 7). ``strides``:
+    FMA cannot take a broadcast from memory, i.e. without AVX-512); 1 to 4 channel vectors (1 only when the
+    channels fill only one, or on 16 registers) and at most 14 pixels; ties go to the longer pixel run.
+    AVX-512: 2 x 14 (4 x 6 would leave 7-wide rows a 1-pixel tail: 3 x 7). ``strides``:
     the input's, when known: read in place where ``reads_in_place`` allows. With threads splitting channel tiles
     unevenly, one channel vector less where that splits them evenly and still fills ``BALANCED_MIN_ACC``
     accumulators (ResNet-50's 512 channels at 7 x 7, 2 threads: 11 tiles of 3 x 7 as 6 + 5, 0.63 ms; 16 tiles of

@@ -109,7 +109,6 @@ class TemplateCall:
         return default if a is None else a.value
 
 
-
 TEMPLATES: dict[str, Callable[[TemplateCall], str]] = {}
 NEEDS_BUFFERS: set[str] = set()
 
