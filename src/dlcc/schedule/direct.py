@@ -58,6 +58,8 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
 # in place from 512 channels-last channels: 0.87 -> 0.97 ms)
 L1_WAY_BYTES = 4096
+GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
+GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
 
 
 @dataclass(frozen=True)
@@ -180,13 +182,24 @@ def col_segments(g: ConvGeometry) -> list[tuple[int, int, int, int]]:
     return _segments(g.ow, g.kw, g.sw, g.dw, g.pw, g.w)
 
 
-def direct_pays(g: ConvGeometry, co: int) -> bool:
+def direct_pays(g: ConvGeometry, co: int, target: Target) -> bool:
     """Does this group-1 2-D convolution (``co`` output channels) take the blocked direct kernel? Every one
     with more than one tap; 1x1 ones too, except on planes wider than 16 pixels reductions over fewer than
     128 channels or to fewer than 64, which stay GEMMs over the pixels (``schedule.gemm``): there the
     repacking and the tile's transpose are a large share, or the channel tile runs part empty (Zen 5,
     AVX-512: ResNet-50's 64 -> 256 channels at 56x56 90% of the FMA peak as a GEMM, 74% direct; MobileNetV2's
-    144 -> 24 73% -> 54%; but 512 -> 128 at 28x28 82% -> 91%, 256 -> 512 strided 74% -> 87%)."""
+    144 -> 24 73% -> 54%; but 512 -> 128 at 28x28 82% -> 91%, 256 -> 512 strided 74% -> 87%). On 16-register
+    targets (AVX2), strided 1x1 ones and reductions over ``GEMM_MIN_CI_FEW`` channels or more on planes of
+    ``GEMM_MIN_PIXELS_FEW`` pixels or more stay GEMMs too:
+    the direct tile there (2 vectors x 5 pixels) loads a broadcast per 2 FMAs and streams its input from L3
+    once per 16 output channels, where the packed GEMM's 5 x 16 tile reads packed panels from L1 (Zen 3, 1
+    thread, in the model: ResNet-50's 1024 -> 2048 strided projection 4.4 -> 3.2 ms, 256 -> 512 3.6 -> 3.3,
+    1024 -> 256 at 14 x 14 1.57 -> 1.42, 1024 -> 512 3.2 -> 2.7; DeepLab's 2048 -> 256 at 28 x 28 13.5 -> 10.0;
+    but its 256 -> 1024 expansions with the residual add 1.3 -> 1.7, and EfficientNet-B0's 1152 -> 192 at 7 x 7,
+    with the residual add and its input's SE scale then in a kernel of its own, 0.98 -> 1.35 ms: not every 1x1)."""
+    if g.kh * g.kw == 1 and target.vector_registers < 32 and (
+            g.sh > 1 or g.sw > 1 or (g.ci >= GEMM_MIN_CI_FEW and g.oh * g.ow >= GEMM_MIN_PIXELS_FEW)):
+        return False
     return g.kh * g.kw > 1 or g.ow <= 16 or (g.ci >= 128 and co >= 64)
 
 

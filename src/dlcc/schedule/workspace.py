@@ -87,7 +87,7 @@ def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], targe
     """("winograd" | "direct", the geometry its plan takes) of a 2-D group-1 convolution with a weight that the
     conv template runs as the Winograd or the blocked direct kernel (both repack their input), else None."""
     conv = _conv2d(node, is_const)
-    if conv is None or not direct_pays(conv[0], conv[1]):
+    if conv is None or not direct_pays(conv[0], conv[1], target):
         return None
     g, co, batch = conv
     try:
@@ -108,7 +108,7 @@ def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     if conv is None:
         return 0
     g, co, batch = conv
-    if direct_pays(g, co):
+    if direct_pays(g, co, target):
         form = blocked_conv_form(node, is_const, target, threads)
         if form is None:
             return 0

@@ -143,14 +143,15 @@ def conv(call: TemplateCall) -> str:
     g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
                      pb[0], pb[1]) if r == 2 else None
     # the direct kernel reading its input in place needs no workspace (``schedule.direct.reads_in_place``)
-    in_place = (r == 2 and group == 1 and repacks and call.input_scale is None and direct_pays(g, M)
-                and reads_in_place(g, xref.strides, call.target.lanes))
+    in_place = (r == 2 and group == 1 and repacks and call.input_scale is None
+                and direct_pays(g, M, call.target) and reads_in_place(g, xref.strides, call.target.lanes))
     has_ws = call.workspace is not None or in_place
     if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
         dw = _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
         if dw is not None:
             return dw
-    direct_ok = r == 2 and group == 1 and w.const is not None and has_ws and repacks and direct_pays(g, M)
+    direct_ok = (r == 2 and group == 1 and w.const is not None and has_ws and repacks
+                 and direct_pays(g, M, call.target))
     if not call.scratch.contiguous or call.input_scale is not None:
         # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
         # kernel above, or the direct one) or a per-channel scale folded into the input (``schedule.chscale``)
