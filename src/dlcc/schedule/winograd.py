@@ -67,6 +67,8 @@ class WinoPlan:
     nr: int  # output channels per register tile (a column micro-panel of U)
     tr: int  # rows of tiles per block (the last block may run past the plane: its extra tiles are zeros)
     threads: int
+    split: str = "blocks"  # what the threads divide: "blocks" of tiles, or "channels" (the column micro-panels of
+    # U and their output channels; every thread transforms every block's input into its own V)
 
     @property
     def th(self) -> int:
@@ -194,32 +196,50 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
     cp = -(-g.ci // lanes) * lanes
     kp = -(-co // nr) * nr
     flops = 2.0 * batch * co * g.oh * g.ow * g.ci * 9
-    t = threads if threads > 1 and flops >= PAR_MIN_FLOPS_WS and th >= threads else 1
+    t = threads if threads > 1 and flops >= PAR_MIN_FLOPS_WS else 1
     u_bytes = 4 * 36 * cp * kp
+    ncp = kp // nr
 
-    def cost(tr: int) -> float:
+    def cost(tr: int, split: str = "blocks") -> float:
         """Seconds per image for blocks of tr rows of tiles (the last block padded with rows of zero tiles):
         the products at the peak of the vector units, slower with short register tiles; U read once per block
         (prefetched from L3 alongside the products, or from memory when larger than half of L3); V and M
         through the caches beyond half of L2 (slower beyond 2 MB). Fitted to Zen 5 measurements: ResNet's
-        layers at 56x56 best with blocks of one row of tiles, VGG's 512 channels at 28x28 with one block."""
+        layers at 56x56 best with blocks of one row of tiles, VGG's 512 channels at 28x28 with one block.
+        "channels": each thread its share of U's column micro-panels over every block, and every block's input
+        transform (as costly as the products of about 4 output channels)."""
         nblk = -(-th // tr)
-        per_thread = -(-nblk // t)
         pb = tr * tw
         mr = min(pb, mr_max)
         gemm = 2.0 * 36 * -(-pb // mr) * mr * cp * kp / (4.0 * lanes * 3e9) * (1 + 2 / mr)
         u = u_bytes / (200e9 if u_bytes <= target.l3_bytes // 2 else 25e9)
         vm = 4 * 36 * pb * (cp + kp)
         spill = 0.0 if vm <= target.l2_bytes // 2 else 2 * vm / (50e9 if vm <= 2 << 20 else 20e9)
-        return per_thread * (gemm + u + spill)
+        if split == "channels":
+            part = -(-ncp // t) / ncp
+            return nblk * ((gemm + u + spill) * part + gemm * 4 / kp)
+        return -(-nblk // t) * (gemm + u + spill)
 
-    tr = min([d for d in range(1, th + 1) if d == 1 or 4 * 36 * d * tw * (cp + kp) <= VM_MAX_BYTES],
-             key=lambda d: (cost(d), d))
-    if -(-th // tr) < t:
+    def best(split: str) -> int:
+        return min([d for d in range(1, th + 1) if d == 1 or 4 * 36 * d * tw * (cp + kp) <= VM_MAX_BYTES],
+                   key=lambda d: (cost(d, split), d))
+
+    tr, split = best("blocks"), "blocks"
+    if t > 1 and ncp >= t:
+        # threads over output channels where that costs less: a small plane's few blocks each read all of U
+        # (ResNet-50's 256 channels at 14 x 14 on 2 threads: 4 blocks of one row of 4 tiles, 4 x 4 register tiles,
+        # U 9.4 MB read 4 times; as 2 halves of U over one block of 16 tiles, 6 x 16 register tiles: 1.72-1.86 ->
+        # 1.58-1.65 ms per layer in the model, Zen 3, AVX2, alternated. Those layers stream U from memory, since
+        # the model's weights outgrow L3, and 2 threads gain little over 1 either way)
+        trc = best("channels")
+        if cost(trc, "channels") < cost(tr):
+            tr, split = trc, "channels"
+    if split == "blocks" and -(-th // tr) < t:
         t = 1
     pb = tr * tw
     # (never a last tile of one row: one-row tiles sum in another order, and the blocks change with the threads)
-    return WinoPlan(co, g, batch, lanes, tile_rows(pb, mr_max, no_one_row_tail=True), nr, tr, t)
+    return WinoPlan(co, g, batch, lanes, tile_rows(pb, mr_max, no_one_row_tail=True), nr, tr, t,
+                    split if t > 1 else "blocks")
 
 
 def pack_winograd(w: np.ndarray, p: WinoPlan) -> np.ndarray:
@@ -271,7 +291,15 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
         panel += (For(rp, Const(0), Const(nfull), (gemm(simplify(rp * mr), mr),)),)
     if tail:
         panel += (gemm(Const(nfull * mr), tail),)
-    products = For(xi, Const(0), Const(36), (For(jp, Const(0), Const(p.ncp), panel),))
+    if p.split == "channels":  # (each thread its column micro-panels and their output channel blocks)
+        j0, j1 = share(tv2, p.ncp, T)
+        per = nr // cbi
+        kb0, kb1 = simplify(j0 * per), simplify(Bin("min", j1 * per, Const(-(-p.co // cbi))))
+        b0, b1 = Const(0), Const(p.nblk)
+    else:
+        j0, j1, kb0, kb1 = Const(0), Const(p.ncp), Const(0), Const(-(-p.co // cbi))
+        b0, b1 = share(tv2, p.nblk, T)
+    products = For(xi, Const(0), Const(36), (For(jp, j0, j1, panel),))
 
     # per block of cbi output channels: the output transform of every tile into the block's rows, the epilogue
     rpitch = 4 * tw
@@ -293,10 +321,9 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
         epi = For(yy, Const(0), rows, (For(q, Const(0), Const(g.ow), (
             Epilogue((b, simplify(kb * cbi + o), simplify((ty0 * 4 + yy) * g.ow + q)),
                      Load(acc, (o, simplify(yy * rpitch + q)))),), "vectorized"),))
-    outputs = For(kb, Const(0), Const(-(-p.co // cbi)), (Alloc(acc, (transform_out, For(o, Const(0), nch, (epi,)))),))
+    outputs = For(kb, kb0, kb1, (Alloc(acc, (transform_out, For(o, Const(0), nch, (epi,)))),))
 
-    b0, b1 = share(tv2, p.nblk, T)
     phase2: Stmt = For(b, Const(0), Const(p.batch), (For(blk, b0, b1, (transform_in, products, outputs)),))
-    if T > 1:  # (each thread its blocks, in its own V and M: the thread index addresses them)
+    if T > 1:  # (each thread its blocks or its channels, in its own V and M: the thread index addresses them)
         phase2 = For(t2, Const(0), Const(T), (phase2,), "parallel")
     return Func(name, (x, up, c), (Alloc(ws, (phase1, phase2)),), (ws,))
