@@ -41,11 +41,17 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
 # a smaller L2, so that a channel tile's weights (256 input channels x 9 taps x 32) exceed half of it while its
 # 24x24 plane is too large for the "plane" order: the input channels in chunks of 7 blocks (7, 7, 2)
 SMALL_L2 = dataclasses.replace(get_target("x86-64-v4"), l2_bytes=512 * 1024)
+# and a small L3, so that the input (692 KB repacked) and the weights (590 KB) exceed half of it: the "sweep" order,
+# chunks of 6 input blocks outside (6, 6, 4), each channel tile's plane in the workspace
+SMALL_L3 = dataclasses.replace(SMALL_L2, l3_bytes=1 << 20)
 
 
 @pytest.mark.parametrize("target,n,ci,h,w,co,k,s,d,pad,threads",
                          [(t, *c) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for c in CASES]
-                         + [(SMALL_L2, 1, 256, 24, 24, 64, 3, 1, 1, 1, 2)])
+                         + [(SMALL_L2, 1, 256, 24, 24, 64, 3, 1, 1, 1, 2),
+                            (SMALL_L3, 1, 256, 24, 24, 64, 3, 1, 1, 1, 2),
+                            (SMALL_L3, 2, 256, 24, 24, 40, 3, 1, 1, 1, 1),
+                            (SMALL_L3, 1, 256, 24, 24, 64, 3, 1, 5, 5, 2)])  # (dilation: segments)
 def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
@@ -54,7 +60,8 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
     oh, ow = ref.shape[2:]
     g = ConvGeometry(ci, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
     p = plan_direct(co, g, n, get_target(target), threads)
-    assert (p.order == "chunks") == (target is SMALL_L2)
+    assert p.order == {id(SMALL_L2): "chunks", id(SMALL_L3): "sweep"}.get(
+        id(target), p.order if p.order not in ("chunks", "sweep") else "")
     wpk = pack_direct(wt, p)
     f = direct_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))),
                     Buf("wp", "float32", Layout.strided(wpk.shape)),
@@ -69,12 +76,18 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
 
 
 def test_direct_plan_chunks_the_input_channels_when_a_tiles_weights_exceed_l2():
-    g = ConvGeometry(2048, 28, 28, 28, 28, 3, 3, 1, 1, 12, 12, 12, 12)  # DeepLab's ASPP branch, dilation 12
-    p = plan_direct(256, g, 1, get_target("x86-64-v4"), 2)
+    g = ConvGeometry(1024, 28, 28, 28, 28, 3, 3, 1, 1, 12, 12, 12, 12)  # DeepLab's ASPP branch (half), dilation 12
+    v4 = dataclasses.replace(get_target("x86-64-v4"), l3_bytes=32 << 20)
+    p = plan_direct(256, g, 1, v4, 2)
     assert p.order == "chunks" and 1 <= p.chunk < p.ncb and p.threads == 2
-    assert 4 * p.chunk * p.cbi * 9 * p.no <= get_target("x86-64-v4").l2_bytes // 4
+    assert 4 * p.chunk * p.cbi * 9 * p.no <= v4.l2_bytes // 4
+    # at 2048 channels the input (6.4 MB) and the weights (19 MB) outgrow half of L3: chunks of the input outside
+    p = plan_direct(256, dataclasses.replace(g, ci=2048), 1, v4, 2)
+    assert p.order == "sweep" and 1 <= p.chunk < p.ncb and p.threads == 2
+    assert 4 * p.chunk * p.cbi * p.hp * p.wp <= v4.l2_bytes // 2
+    assert p.workspace_floats == p.input_floats + 256 * (28 * 28 + DCONV_PAD)
     # every tap its row and column segments keep is inside the input: blocks of the input's size, no zero ring
-    assert (p.rh, p.rw, p.hp, p.wp) == (0, 0, 28, 28) and p.workspace_floats == 2048 * 28 * 28
+    assert (p.rh, p.rw, p.hp, p.wp) == (0, 0, 28, 28) and p.input_floats == 2048 * 28 * 28
     small = plan_direct(64, ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1), 1, get_target("x86-64-v4"), 2)
     assert small.order != "chunks" and small.chunk == small.ncb
 
@@ -349,3 +362,35 @@ def test_threads_split_channel_tiles_evenly():
     assert (two.no, two.px, two.n_oct, two.threads) == (32, 7, 16, 2) and two.order != "rows"
     odd = plan_direct(224, dataclasses.replace(g, ci=224), 1, v4, 2)
     assert odd.no == 48 and odd.n_oct == 5
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sweep_order_compiled_matches_onnxruntime(threads):
+    """A dilated convolution whose input and weights outgrow half of a (small) L3: the "sweep" order, compiled to C
+    for this machine's vectors, matches onnxruntime at 1 and 2 threads."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import dlcc
+    from dlcc.testing.harness import assert_close
+
+    rng = np.random.default_rng(9)
+    native = get_target("native")
+    if native.lanes < 4:
+        pytest.skip("the blocked direct kernel needs vectors")
+    g = ConvGeometry(256, 30, 30, 30, 30, 3, 3, 1, 1, 5, 5, 5, 5)
+    co = 8 * native.lanes
+    # (the L2 at which a channel tile's weights exceed half of it while its plane fits a quarter: the tile's size)
+    sizes = [dataclasses.replace(native, l2_bytes=kb * 1024, l3_bytes=1 << 20) for kb in (128, 256, 512)]
+    target = next(t for t in sizes if plan_direct(co, g, 1, t, threads).order == "sweep")
+    w = numpy_helper.from_array((rng.standard_normal((co, 256, 3, 3)) * 0.05).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(co).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[5] * 4, dilations=[5, 5]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    gr = helper.make_graph(nodes, "sweep", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 30, 30])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, 30, 30])], [w, b])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 256, 30, 30)).astype(np.float32)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cm = dlcc.compile(m, threads=threads, target=target)
+    assert_close(cm({"x": x})["y"], ref, 1e-4, 1e-6)

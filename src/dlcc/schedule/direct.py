@@ -73,11 +73,12 @@ class DirectPlan:
     hp: int  # rows and columns of a repacked input block (the zero ring included)
     wp: int
     threads: int
-    order: str  # "rows" | "oc" | "plane" | "chunks": the outer loop of the compute phase (the one the threads
-    # divide); "plane": output-channel tiles outside, each tile's whole output plane in the local buffer, then the
-    # epilogue; "chunks": as "plane", the input channel blocks in chunks of ``chunk`` (whose weights stay in L2),
-    # the later chunks added to the plane
-    chunk: int = 0  # input channel blocks per chunk ("chunks"), else all of them
+    order: str  # "rows" | "oc" | "plane" | "chunks" | "sweep": the outer loop of the compute phase (the one the
+    # threads divide); "plane": output-channel tiles outside, each tile's whole output plane in the local buffer,
+    # then the epilogue; "chunks": as "plane", the input channel blocks in chunks of ``chunk`` (whose weights stay
+    # in L2), the later chunks added to the plane; "sweep": the chunks outside (each chunk's input stays in L2 while
+    # every channel tile reads it), every tile's plane in the workspace, the epilogue at the end
+    chunk: int = 0  # input channel blocks per chunk ("chunks", "sweep"), else all of them
     ring: tuple[int, int] | None = None  # the zero ring a block keeps above and left of the input: the padding
     # (None), or less where no tap reaches it (``_extent``)
     in_place: bool = False  # the input read where it is, not repacked (``reads_in_place``): no workspace
@@ -105,8 +106,19 @@ class DirectPlan:
         return max(1, min(-(-self.g.oh // self.threads), PLANE_BYTES // (4 * self.no * self.g.ow)))
 
     @property
-    def workspace_floats(self) -> int:
+    def input_floats(self) -> int:
+        """The repacked input's floats (none when read in place)."""
         return 0 if self.in_place else self.batch * self.ncb * self.hp * self.wp * self.cbi
+
+    @property
+    def ld_plane(self) -> int:
+        """Floats from one output channel's plane to the next in a local (or "sweep": workspace) buffer."""
+        return self.g.oh * self.g.ow + DCONV_PAD
+
+    @property
+    def workspace_floats(self) -> int:
+        planes = self.n_oct * self.no * self.ld_plane if self.order == "sweep" else 0
+        return self.input_floats + planes
 
     @property
     def workspace_bytes(self) -> int:
@@ -297,6 +309,17 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     tile_w = 4 * cbi * g.kh * g.kw * no  # bytes of one input block's weights for one channel tile
     if order == "oc" and ncb * tile_w > target.l2_bytes // 2 and 4 * no * g.oh * g.ow <= target.l2_bytes // 4:
         chunk = max(1, (target.l2_bytes // 4) // tile_w)
+        block_bytes = 4 * batch * hp * wp * cbi
+        if not inplace and ncb * block_bytes + n_oct * ncb * tile_w > target.l3_bytes // 2:
+            # the input and the weights together beyond half of L3: the input (read once per channel tile)
+            # would stream from memory; chunks of it that stay in L2 outside instead, every channel tile's plane
+            # in the workspace (DeepLab's ASPP at 2048 channels, 6.4 MB of input and 19 MB of weights, Zen 3, AVX2,
+            # in the model, alternated: dilation 12 122 -> 71 ms, dilation 24 111 -> 39 at 1 thread; 59 -> 37 and
+            # 53 -> 19 at 2. Its plane buffers, 0.8 MB of workspace, are what the arena pays)
+            sweep = max(1, (target.l2_bytes // 2) // block_bytes)
+            if sweep < ncb:
+                return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t if n_oct >= t else 1, "sweep", sweep,
+                                  (rh, rw), inplace)
         if chunk < ncb:
             return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw), inplace)
     return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace)
@@ -361,19 +384,21 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
     # as long as the row or the plane: it vectorizes)
-    whole = p.order in ("plane", "chunks")  # the tile's whole output plane in the local buffer
-    band = p.band if p.order == "rows" else 1  # "rows": a band of output rows of a tile in the local buffer
+    sweep = p.order == "sweep" and not channels_last  # (channels-last destinations take "chunks")
+    order = "chunks" if p.order == "sweep" and not sweep else p.order
+    whole = order in ("plane", "chunks", "sweep")  # the tile's whole output plane in the local buffer
+    band = p.band if order == "rows" else 1  # "rows": a band of output rows of a tile in the local buffer
     cl = channels_last
     # channels-last with output rows outside: every channel tile of a band's pixels in one local buffer, then the
     # epilogue per pixel along all its channels (one contiguous run of the destination; per tile, a pixel's run
     # would be one tile's channels, a destination row apart: ResNet-50's 512-channel residual adds read and wrote
     # 128 bytes every 2 KB, 7% slower than NCHW)
-    wide = cl and p.order == "rows"
+    wide = cl and order == "rows"
     width = p.n_oct * p.no if wide else p.no
     if wide:
         band = max(1, min(-(-g.oh // T), CL_BAND_BYTES // (4 * g.ow * width)))
     ob = Var(fresh("ob"))
-    r0, r1 = share(tv2, g.oh, T) if p.order == "rows" else (Const(0), Const(g.oh))
+    r0, r1 = share(tv2, g.oh, T) if order == "rows" else (Const(0), Const(g.oh))
     o0, o1 = Const(0), Const(p.n_oct)  # (the channel tiles' orders: threads by parallelize, at the end)
     first = simplify(r0 + ob * band)  # the band's first row (band > 1)
     span = g.oh * g.ow if whole else band * g.ow
@@ -386,7 +411,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # of the next tile's weights a few lines per input block instead (ResNet-50's 512 -> 2048 channels at 7 x 7:
     # 78% -> 98% of the FMA peak for the tile alone with its weights from memory)
     wlen = ncb * g.kh * g.kw * cbi * p.no  # floats of one channel tile's packed weight
-    pf_lines = -(-wlen // (16 * ncb * g.oh)) if p.order in ("plane", "oc") and p.n_oct > 1 else 0
+    pf_lines = -(-wlen // (16 * ncb * g.oh)) if order in ("plane", "oc") and p.n_oct > 1 else 0
 
     def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk) -> Stmt:
         """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
@@ -418,7 +443,8 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
                              (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl,
                              prefetch=ahead)
             xin = Ptr(ws, (simplify(xoff),))
-        args = (simplify(nblk), xin, Ptr(wp, (oct, simplify(woff))), Ptr(acc, where), Const(ldc))
+        dest = Ptr(ws, (simplify(planes0 + oct * (p.no * ldc) + at),)) if sweep else Ptr(acc, where)
+        args = (simplify(nblk), xin, Ptr(wp, (oct, simplify(woff))), dest, Const(ldc))
         if ahead:  # this row's share of the next channel tile's weights (the last tile: its own again)
             span = 16 * ahead * ncb
             nxt = simplify(Bin("min", oct + 1, Const(p.n_oct - 1)))
@@ -459,6 +485,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
                 "vectorized"),))
 
     epilogue = along(Const(0) if whole else oy * g.ow, Const(span))
+    planes0 = p.input_floats  # ("sweep": every channel tile's plane in the workspace after the repacked input)
     if wide:  # per band of rows: every channel tile's rows, then the epilogue per pixel along all channels
         last = simplify(Bin("min", r1, first + band))
         base = simplify(first * g.ow)
@@ -466,26 +493,38 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             Epilogue((b, o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
         tiles_all = For(oct, Const(0), Const(p.n_oct), rows(first, last, lambda t: t))
         nest = (For(ob, Const(0), simplify((r1 - r0 + (band - 1)) // band), (Alloc(acc, (tiles_all, epi)),)),)
-    elif p.order == "rows" and band > 1:  # per band of rows: every channel tile's rows, then its epilogue along them
+    elif order == "rows" and band > 1:  # per band of rows: every channel tile's rows, then its epilogue along them
         last = simplify(Bin("min", r1, first + band))
         epi = along(simplify(first * g.ow), simplify((last - first) * g.ow))
         per_tile = For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*rows(first, last, lambda t: t), epi)),))
         nest = (For(ob, Const(0), simplify((r1 - r0 + (band - 1)) // band), (per_tile,)),)
-    elif p.order == "rows":
+    elif order == "rows":
         nest = rows(r0, r1, lambda t: (For(oct, Const(0), Const(p.n_oct), (Alloc(acc, (*t, epilogue)),)),))
-    elif p.order == "oc":
+    elif order == "oc":
         nest = (For(oct, o0, o1, rows(Const(0), Const(g.oh), lambda t: (Alloc(acc, (*t, epilogue)),))),)
-    elif p.order == "plane":
+    elif order == "plane":
         nest = (For(oct, o0, o1, (Alloc(acc, (*rows(Const(0), Const(g.oh), lambda t: t), epilogue)),)),)
-    else:  # "chunks": the first chunk of input blocks stored, the later ones added, then the epilogue
+    elif order == "chunks":  # the first chunk of input blocks stored, the later ones added, then the epilogue
         ch = Var(fresh("ch"))
         nch = -(-ncb // p.chunk)
         first = rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False))
         rest = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
         later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t, rest)),)
         nest = (For(oct, o0, o1, (Alloc(acc, (*first, *later, epilogue)),)),)
+    else:  # "sweep": per chunk of input blocks, every channel tile (the thread's) into its plane in the workspace
+        ch = Var(fresh("ch"))
+        nch = -(-ncb // p.chunk)
+        o0, o1 = share(tv2, p.n_oct, T)
+        first = rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False))
+        rest = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
+        later = For(ch, Const(1), Const(nch), (For(oct, o0, o1, rows(Const(0), Const(g.oh), lambda t: t, rest)),))
+        nco = Const(p.no) if p.co % p.no == 0 else Bin("min", Const(p.no), Const(p.co) - oct * p.no)
+        epi = For(oct, o0, o1, (For(o, Const(0), nco, (For(q, Const(0), Const(span), (Epilogue(
+            (b, oct * p.no + o, q), Load(ws, (simplify(planes0 + oct * (p.no * ldc) + o * ldc + q),))),),
+            "vectorized"),)),))
+        nest = (For(oct, o0, o1, first), later, epi)
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
-    if T > 1 and p.order == "rows":  # (each thread its rows, split where the kernel rows that reach in change)
+    if T > 1 and order in ("rows", "sweep"):  # (each thread its rows or ("sweep") its channel tiles)
         phase2 = For(t2, Const(0), Const(T), (phase2,), "parallel")
     elif T > 1:  # the channel tiles' loop parallelized, the threads outside the images
         phase2 = reorder(parallelize((phase2,), oct.name, T, t2.name), [t2.name, b.name])[0]
