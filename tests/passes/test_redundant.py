@@ -72,6 +72,9 @@ def g(header: str, sig: str, body: str) -> str:
 
 
 F23 = "(float[2,3] x) => (float[2,3] y)"
+# a constant 3 x 2 x 3 x 3 Conv weight (seeded)
+W332 = ("w = Constant <value = float[3,2,3,3] {" + ", ".join(
+    f"{v:.4f}" for v in np.random.default_rng(4).standard_normal(54)) + "}> ()\n")
 R = "    y = Relu(t)"  # most cases end in a Relu so the rewritten value is not a graph output
 
 POSITIVE: list[Case] = [
@@ -131,6 +134,15 @@ POSITIVE: list[Case] = [
                               "t = Upsample <mode = \"nearest\"> (x, s)\n" + R), "resize-unit", ["Relu"]),
     Case("tile-ones", g(H17, F23, "r = Constant <value = int64[2] {1, 1}> ()\n t = Tile (x, r)\n" + R),
          "tile-ones", ["Relu"]),
+    # a dilation as large as the plane: only the centre tap reaches the input -> a 1x1 Conv (DeepLab's ASPP)
+    Case("conv-unreached-taps", g(H17, "(float[1,2,4,4] x) => (float[1,3,4,4] y)",
+                                  W332 + "t = Conv <pads = [4, 4, 4, 4], dilations = [4, 4]> (x, w)\n" + R),
+         "conv-unreached-taps", ["Conv", "Relu"]),
+    # rows only: the first kernel row never meets the input, the other two do (stride 2, 1-D dilation)
+    Case("conv-unreached-rows", g(H17, "(float[1,2,5,6] x, float[3] b) => (float[1,3,2,3] y)",
+                                  W332 + "t = Conv <pads = [3, 1, 2, 1], strides = [2, 2], dilations = [3, 1]> "
+                                  "(x, w, b)\n" + R),
+         "conv-unreached-taps", ["Conv", "Relu"]),
     Case("add-zero", g(H17, F23, "c = Constant <value = float[3] {0.0, 0.0, 0.0}> ()\n t = Add (x, c)\n" + R),
          "add-zero", ["Relu"]),
     Case("zero-add", g(H9, F23, "c = Constant <value = float[1,1] {0.0}> ()\n t = Add (c, x)\n" + R),
@@ -502,6 +514,18 @@ NEGATIVE: list[Case] = [
                                       "c = Concat <axis = 1> (a, b)\n"
                                       "t = Slice <starts = [0, 0], ends = [1, 3], axes = [0, 1]> (c)\n" + R),
          "concat-slice", reason="slices another axis", make=InversePairs),
+    Case("conv-every-tap", g(H17, "(float[1,2,4,4] x) => (float[1,3,4,4] y)",
+                             "t = Conv <pads = [1, 1, 1, 1]> (x, w)\n" + R), "conv-unreached-taps",
+         reason="every kernel position reaches the input", inits={"w": np.ones((3, 2, 3, 3), np.float32)}),
+    Case("conv-negative-pad", g(H17, "(float[1,2,4,4] x) => (float[1,3,2,2] y)",
+                                "t = Conv <pads = [4, 4, 4, 4], dilations = [5, 5]> (x, w)\n" + R),
+         "conv-unreached-taps", reason="the padding left would be negative",
+         inits={"w": np.ones((3, 2, 3, 3), np.float32)}),
+    Case("conv-inf-dropped", g(H17, "(float[1,2,4,4] x) => (float[1,3,4,4] y)",
+                               "t = Conv <pads = [4, 4, 4, 4], dilations = [4, 4]> (x, w)\n" + R),
+         "conv-unreached-taps", reason="a dropped weight is not finite",
+         inits={"w": np.pad(np.ones((3, 2, 1, 1), np.float32), ((0, 0), (0, 0), (1, 1), (1, 1)),
+                            constant_values=np.inf)}, ort=False),
     Case("concat-slice-symbolic", g(H17, "(float[2,N] a, float[2,4] b) => (float[2,M] y)", """
         c = Concat <axis = 1> (a, b)
         s = Constant <value = int64[1] {0}> ()

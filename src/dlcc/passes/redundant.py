@@ -13,7 +13,8 @@ value that replaces it):
   Identity, inference Dropout, one-input Concat/Sum/Max/Min/Mean, Cast to the same type,
   Reshape/Flatten/Expand that keep the shape, Slice over the whole range, zero Pad, identity Transpose,
   one-part Split, 1x1 stride-1 pooling, unit Resize/Upsample, all-one Tile, and x+0, x-0, x*1, 1*x, x/1,
-  Pow(x, 1) where the constant's broadcast changes neither shape nor dtype.
+  Pow(x, 1) where the constant's broadcast changes neither shape nor dtype; and a Conv's kernel positions
+  that every output meets only in the padding (dropped: the Conv gets a smaller kernel and padding).
 - ``reshape-chains`` (``CHAIN_RULES``): chains of Reshape/Flatten/Squeeze/Unsqueeze with static shapes
   become one Reshape; Squeeze/Unsqueeze pairs on symbolic shapes become one Squeeze or Unsqueeze when the
   axes compose.
@@ -438,6 +439,70 @@ def _noop(name: str, ops: tuple[str, ...], check: Callable[[ir.Node, dict], str 
     return Rule(name, ops, _first_input, check, _forward, doc=doc, family="no-op", min_opset=min_opset)
 
 
+def _conv_taps_pattern(node: ir.Node) -> dict | None:
+    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+        return None
+    w = const_array(node.inputs[1])
+    return None if w is None else {"x": node.inputs[0], "w": w}
+
+
+def _conv_taps(node: ir.Node, m: dict) -> tuple[list[tuple[int, int]], list[int], list[int]] | str:
+    """Per spatial axis the kernel positions [t0, t1) that some output reaches inside the input, and the
+    padding (begin, end) once the others are dropped; or why not."""
+    xs, w = static_shape(m["x"]), m["w"]
+    if xs is None or len(xs) < 3 or w.ndim != len(xs):
+        return "input shape unknown or rank mismatch"
+    if attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return "auto_pad"
+    r = len(xs) - 2
+    strides, dils = list(attr(node, "strides", [1] * r)), list(attr(node, "dilations", [1] * r))
+    pads = list(attr(node, "pads", [0] * 2 * r))
+    if len(strides) != r or len(dils) != r or len(pads) != 2 * r:
+        return "attribute lengths"
+    keep, begin, end = [], [], []
+    for i in range(r):
+        n, k, st, d, pb, pe = xs[2 + i], w.shape[2 + i], strides[i], dils[i], pads[i], pads[r + i]
+        o = (n + pb + pe - ((k - 1) * d + 1)) // st + 1
+        if o < 1 or n < 1:
+            return "empty output"
+        inside = [t for t in range(k) if any(0 <= y * st + t * d - pb < n for y in range(o))]
+        t0, t1 = (inside[0], inside[-1] + 1) if inside else (0, 1)
+        keep.append((t0, t1))
+        begin.append(pb - t0 * d)
+        end.append(pe - (k - t1) * d)
+    if all(t1 - t0 == w.shape[2 + i] for i, (t0, t1) in enumerate(keep)):
+        return "every kernel position reaches the input"
+    if min(begin + end) < 0:
+        return "the padding left would be negative"
+    return keep, begin, end
+
+
+def _conv_taps_check(node: ir.Node, m: dict) -> str | None:
+    got = _conv_taps(node, m)
+    if isinstance(got, str):
+        return got
+    w = m["w"]
+    kept = w[(slice(None), slice(None), *(slice(t0, t1) for t0, t1 in got[0]))]
+    if np.count_nonzero(~np.isfinite(w)) > np.count_nonzero(~np.isfinite(kept)):  # (0 x inf is not 0)
+        return "a dropped weight is not finite"
+    return None
+
+
+def _conv_taps_rewrite(node: ir.Node, m: dict, b: Builder) -> list[ir.Value | None]:
+    keep, begin, end = _conv_taps(node, m)  # type: ignore[misc]
+    w = m["w"][(slice(None), slice(None), *(slice(t0, t1) for t0, t1 in keep))]
+    r = len(keep)
+    attrs = {k: v.value for k, v in node.attributes.items() if k not in ("kernel_shape", "pads", "dilations")}
+    attrs["kernel_shape"] = [t1 - t0 for t0, t1 in keep]
+    attrs["pads"] = begin + end
+    dils = list(attr(node, "dilations", [1] * r))
+    attrs["dilations"] = [d if t1 - t0 > 1 else 1 for d, (t0, t1) in zip(dils, keep, strict=True)]
+    out = node.outputs[0]
+    inputs = [node.inputs[0], b.const(np.ascontiguousarray(w), (node.inputs[1].name or "w") + "_taps"),
+              *node.inputs[2:]]
+    return [b.op("Conv", inputs, attrs, hint=out.name, dtype=out.dtype, shape=out.shape)]
+
+
 NO_OP_RULES: list[Rule] = [
     _noop("identity", ("Identity",), _identity_check, "Identity(x) -> x"),
     _noop("dropout-inference", ("Dropout",), _dropout_check,
@@ -458,6 +523,10 @@ NO_OP_RULES: list[Rule] = [
     _noop("resize-unit", ("Resize", "Upsample"), _resize_check,
           "Resize/Upsample with all-unit scales or sizes equal to the input shape -> x"),
     _noop("tile-ones", ("Tile",), _tile_check, "Tile with all repeats 1 -> x"),
+    Rule("conv-unreached-taps", ("Conv",), _conv_taps_pattern, _conv_taps_check, _conv_taps_rewrite,
+         doc="Conv with a constant weight whose kernel rows/columns only ever meet padding (a dilation as large "
+             "as the input: DeepLab's ASPP) -> Conv with those taps dropped and the padding shrunk",
+         family="no-op"),
     _arith_rule("add-zero", "Add", 0, (1, 0),
                 "x + 0 and 0 + x -> x where 0 does not broadcast x (-0.0 + 0 is +0.0: a zero's sign may differ)"),
     _arith_rule("sub-zero", "Sub", 0, (1,), "x - 0 -> x where 0 does not broadcast x"),
