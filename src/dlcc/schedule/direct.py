@@ -14,7 +14,9 @@ channels by 14 pixels (28 accumulators), 4 x 16 by 7 for 7-wide rows; on 16-regi
 6 pixels. Each tile runs over every input channel block and tap into a local row of outputs (channel-major),
 and the fused epilogue runs along that row (vectorized); for small planes (a channel tile's plane up to 48 KiB)
 along the tile's whole plane. Output rows are the outer loop while the packed weight stays in L2,
-else output-channel tiles; threads split the input blocks (the repacking), then that outer loop.
+else output-channel tiles ("sweep": where the input and the weights outgrow half of L3, chunks of input blocks
+outside, the tiles' planes in the workspace); threads split the input blocks (the repacking), then that outer
+loop.
 """
 
 from __future__ import annotations
@@ -412,6 +414,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # 78% -> 98% of the FMA peak for the tile alone with its weights from memory)
     wlen = ncb * g.kh * g.kw * cbi * p.no  # floats of one channel tile's packed weight
     pf_lines = -(-wlen // (16 * ncb * g.oh)) if order in ("plane", "oc") and p.n_oct > 1 else 0
+    planes0 = p.input_floats  # ("sweep": every channel tile's plane in the workspace after the repacked input)
 
     def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk) -> Stmt:
         """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
@@ -485,7 +488,6 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
                 "vectorized"),))
 
     epilogue = along(Const(0) if whole else oy * g.ow, Const(span))
-    planes0 = p.input_floats  # ("sweep": every channel tile's plane in the workspace after the repacked input)
     if wide:  # per band of rows: every channel tile's rows, then the epilogue per pixel along all channels
         last = simplify(Bin("min", r1, first + band))
         base = simplify(first * g.ow)
