@@ -476,16 +476,25 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             out += (For(oy, a, z, body(tiles(k0, k1, chunked))),)
         return out
 
-    def along(base: Expr, n: Expr) -> Stmt:
-        """The epilogue of the tile's n pixels in the local buffer, from output pixel ``base`` (one loop: it
-        vectorizes)."""
+    def along(base: Expr, n: Expr, plane: bool = False) -> Stmt:
+        """The epilogue of the tile's n pixels in the local buffer (``plane``: the tile's plane in the
+        workspace, "sweep"), from output pixel ``base`` (one loop: it vectorizes)."""
         nco = Const(p.no) if p.co % p.no == 0 else Bin("min", Const(p.no), Const(p.co) - oct * p.no)
         if cl:
             return For(q, Const(0), n, (For(o, Const(0), nco, (
                 Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
+        src = Load(ws, (simplify(planes0 + oct * (p.no * ldc) + o * ldc + q),)) if plane else Load(acc, (o, q))
         return For(o, Const(0), nco, (
-            For(q, Const(0), n, (Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (o, q))),),
-                "vectorized"),))
+            For(q, Const(0), n, (Epilogue((b, oct * p.no + o, simplify(base + q)), src),), "vectorized"),))
+
+    def passes(wrap: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]]) -> tuple[tuple[Stmt, ...], Stmt]:
+        """"chunks", "sweep": the first chunk of input blocks stored, then a loop adding the later ones; ``wrap``
+        takes each pass's rows (into the thread's channel tiles, "sweep")."""
+        ch = Var(fresh("ch"))
+        first = wrap(rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False)))
+        rest = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
+        return first, For(ch, Const(1), Const(-(-ncb // p.chunk)), wrap(rows(Const(0), Const(g.oh), lambda t: t,
+                                                                           rest)))
 
     epilogue = along(Const(0) if whole else oy * g.ow, Const(span))
     if wide:  # per band of rows: every channel tile's rows, then the epilogue per pixel along all channels
@@ -507,24 +516,12 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     elif order == "plane":
         nest = (For(oct, o0, o1, (Alloc(acc, (*rows(Const(0), Const(g.oh), lambda t: t), epilogue)),)),)
     elif order == "chunks":  # the first chunk of input blocks stored, the later ones added, then the epilogue
-        ch = Var(fresh("ch"))
-        nch = -(-ncb // p.chunk)
-        first = rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False))
-        rest = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
-        later = (For(ch, Const(1), Const(nch), rows(Const(0), Const(g.oh), lambda t: t, rest)),)
-        nest = (For(oct, o0, o1, (Alloc(acc, (*first, *later, epilogue)),)),)
+        first, later = passes(lambda t: t)
+        nest = (For(oct, o0, o1, (Alloc(acc, (*first, later, epilogue)),)),)
     else:  # "sweep": per chunk of input blocks, every channel tile (the thread's) into its plane in the workspace
-        ch = Var(fresh("ch"))
-        nch = -(-ncb // p.chunk)
         o0, o1 = share(tv2, p.n_oct, T)
-        first = rows(Const(0), Const(g.oh), lambda t: t, (Const(0), Const(min(p.chunk, ncb)), False))
-        rest = (ch * p.chunk, Bin("min", Const(p.chunk), Const(ncb) - ch * p.chunk), True)
-        later = For(ch, Const(1), Const(nch), (For(oct, o0, o1, rows(Const(0), Const(g.oh), lambda t: t, rest)),))
-        nco = Const(p.no) if p.co % p.no == 0 else Bin("min", Const(p.no), Const(p.co) - oct * p.no)
-        epi = For(oct, o0, o1, (For(o, Const(0), nco, (For(q, Const(0), Const(span), (Epilogue(
-            (b, oct * p.no + o, q), Load(ws, (simplify(planes0 + oct * (p.no * ldc) + o * ldc + q),))),),
-            "vectorized"),)),))
-        nest = (For(oct, o0, o1, first), later, epi)
+        first, later = passes(lambda t: (For(oct, o0, o1, t),))
+        nest = (*first, later, For(oct, o0, o1, (along(Const(0), Const(span), plane=True),)))
     phase2: Stmt = For(b, Const(0), Const(p.batch), nest)
     if T > 1 and order in ("rows", "sweep"):  # (each thread its rows or ("sweep") its channel tiles)
         phase2 = For(t2, Const(0), Const(T), (phase2,), "parallel")
