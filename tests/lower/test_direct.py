@@ -398,3 +398,61 @@ def test_sweep_order_compiled_matches_onnxruntime(threads):
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     cm = dlcc.compile(m, threads=threads, target=target)
     assert_close(cm({"x": x})["y"], ref, 1e-4, 1e-6)
+
+
+def test_flat_pointwise_one_row_per_thread():
+    """A 1x1 convolution on a 16-register target whose one-row plane would split its channel tiles over the threads
+    (each thread reading the whole input): one row per thread instead, each thread its pixels with every channel
+    tile ("rows"), the loop IR matching numpy; one row at 1 thread, and not where the weight outgrows L2 (ResNet-50's
+    256 -> 1024 at 14 x 14) or on 32 registers."""
+    from dlcc.schedule.direct import flat_pointwise
+
+    v3, v4 = get_target("x86-64-v3"), get_target("x86-64-v4")
+    g = ConvGeometry(576, 14, 14, 14, 14, 1, 1, 1, 1, 1, 1, 0, 0)  # MobileNetV2's 576 -> 96 projection
+    assert (flat_pointwise(g, 96, v3).oh, flat_pointwise(g, 96, v3).ow) == (1, 196)
+    assert plan_direct(96, flat_pointwise(g, 96, v3), 1, v3, 2).order == "plane"
+    two = flat_pointwise(g, 96, v3, 2)
+    assert (two.h, two.w, two.oh, two.ow) == (2, 98, 2, 98)
+    p = plan_direct(96, two, 1, v3, 2)
+    assert (p.order, p.threads) == ("rows", 2)
+    big = dataclasses.replace(g, ci=256)
+    assert flat_pointwise(big, 1024, v3, 2).oh == 1 and flat_pointwise(g, 96, v4, 2) is g
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((1, 576, 14, 14)).astype(np.float32)
+    wt = rng.standard_normal((96, 576, 1, 1)).astype(np.float32)
+    ref = _conv_ref(x, wt, (1, 1), (1, 1), (0, 0))
+    wpk = pack_direct(wt, p)
+    f = direct_func(p, Buf("x", "float32", Layout.strided((1, 576, 2, 98))),
+                    Buf("wp", "float32", Layout.strided(wpk.shape)),
+                    Buf("c", "float32", Layout.strided((1, 96, 196))),
+                    Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
+    verify_func(f)  # (the threads' rows disjoint)
+    out, seen = _run_conv_ir(f, x.reshape(1, 576, 2, 98), "wp", wpk, (1, 96, 196), p.workspace_floats)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_projection_with_residual_compiled_matches_onnxruntime(threads):
+    """MobileNetV2's 576 -> 96 projection at 14 x 14 with its residual add, compiled for this machine (on AVX2 at 2
+    threads, one row of 98 pixels per thread): the outputs match onnxruntime."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import dlcc
+    from dlcc.testing.harness import assert_close
+
+    rng = np.random.default_rng(14)
+    w = numpy_helper.from_array((rng.standard_normal((96, 576, 1, 1)) * 0.05).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["c", "r"], ["y"])]
+    vi = helper.make_tensor_value_info
+    gr = helper.make_graph(nodes, "projection", [vi("x", TensorProto.FLOAT, [1, 576, 14, 14]),
+                                                 vi("r", TensorProto.FLOAT, [1, 96, 14, 14])],
+                           [vi("y", TensorProto.FLOAT, [1, 96, 14, 14])], [w, b])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 576, 14, 14)).astype(np.float32),
+             "r": rng.standard_normal((1, 96, 14, 14)).astype(np.float32)}
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    cm = dlcc.compile(m, threads=threads)
+    assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)

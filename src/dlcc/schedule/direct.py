@@ -62,6 +62,7 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 L1_WAY_BYTES = 4096
 GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
 GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
+SPLIT_FLAT = True  # a flattened 1x1 plane as one row per thread (``flat_pointwise``)
 
 
 @dataclass(frozen=True)
@@ -141,17 +142,28 @@ def trim_taps(g: ConvGeometry) -> tuple[ConvGeometry, tuple[int, int], tuple[int
     return t, (y0, y1), (x0, x1)
 
 
-def flat_pointwise(g: ConvGeometry, co: int, target: Target) -> ConvGeometry:
+def flat_pointwise(g: ConvGeometry, co: int, target: Target, threads: int = 1) -> ConvGeometry:
     """A 1x1 stride-1 unpadded convolution's plane as one row of OH*OW pixels where, on a 16-register target,
     the register tile runs along it better than along its rows (``tile_score``), else ``g``: the pixels of a 1x1
     convolution are independent, and a plane whose rows are contiguous is one row. Zen 3, AVX2, 1 thread, one
     layer: ResNet-50's 512 -> 2048 at 7 x 7 (rows of 6 + 1 pixels) 66 -> 82 GFLOP/s, 1024 -> 256 at 14 x 14 65 ->
-    69, 128 -> 512 at 28 x 28 75 -> 83. (On AVX-512 the 3 x 7 and 2 x 14 tiles fill 7-, 14- and 28-wide rows.)"""
+    69, 128 -> 512 at 28 x 28 75 -> 83. (On AVX-512 the 3 x 7 and 2 x 14 tiles fill 7-, 14- and 28-wide rows.)
+    With threads that the one row would have split its channel tiles ("plane": each thread reads the whole
+    input) and that divide the pixels (``SPLIT_FLAT``): one row per thread where each thread then takes its row
+    with every channel tile ("rows": the whole weight in L2)."""
     if ((g.kh, g.kw, g.sh, g.sw, g.ph, g.pw) != (1, 1, 1, 1, 0, 0) or (g.oh, g.ow) != (g.h, g.w) or g.oh == 1
             or target.vector_registers >= 32):  # (padded at the end: more output pixels than input ones)
         return g
-    flat = replace(g, h=1, w=g.h * g.w, oh=1, ow=g.oh * g.ow)
-    return flat if _best_tile(flat.ow, co, target)[0] > _best_tile(g.ow, co, target)[0] else g
+    n = g.oh * g.ow
+    flat = replace(g, h=1, w=n, oh=1, ow=n)
+    if _best_tile(flat.ow, co, target)[0] <= _best_tile(g.ow, co, target)[0]:
+        return g
+    if SPLIT_FLAT and threads > 1 and n % threads == 0 and n // threads >= g.ow:
+        split = replace(g, h=threads, w=n // threads, oh=threads, ow=n // threads)
+        if (plan_direct(co, flat, 1, target, threads).order == "plane"
+                and plan_direct(co, split, 1, target, threads).order == "rows"):
+            return split
+    return flat
 
 
 def _segments(o: int, k: int, s: int, d: int, p: int, n: int) -> list[tuple[int, int, int, int]]:
@@ -290,8 +302,11 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     # during the first row, with 1/OH of the work to hide it)
     weight_bytes = 4 * n_oct * no * -(-g.ci // cbi) * cbi * g.kh * g.kw
     order = "rows" if weight_bytes <= target.l2_bytes // 2 else "oc"
-    if 4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t:
+    if 4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t and not (SPLIT_FLAT and g.oh == t > 1 and g.kh * g.kw == 1):
         order = "plane"  # a small plane: channel tiles outside, the whole plane of a tile before its epilogue
+    # (a 1x1 plane as one row per thread, ``flat_pointwise``: each thread its pixels, where threads splitting the
+    # channel tiles each read the whole input (MobileNetV2's 576 -> 96 at 14 x 14 with the residual add, Zen 3,
+    # AVX2, 2 threads, in the model: 0.22 -> 0.15 ms))
     extent = {"rows": g.oh, "oc": n_oct, "plane": n_oct}
     if extent[order] < t or extent[order] % t and extent[order] < 8 * t:
         other = "rows" if order != "rows" else "oc"

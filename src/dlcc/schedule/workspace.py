@@ -98,7 +98,7 @@ def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], targe
     g, _, _ = trim_taps(dataclasses.replace(g, ph=pb[0], pw=pb[1]))  # (as the template does)
     if use_winograd(g, co, batch, target, threads):
         return "winograd", g
-    return "direct", flat_pointwise(g, co, target)
+    return "direct", flat_pointwise(g, co, target, threads)
 
 
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:

@@ -297,12 +297,12 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
     g, (y0, y1), (x0, x1) = trim_taps(g)  # taps no output reaches inside the input: dropped
     w4 = w4[:, :, y0:y1, x0:x1]
     outs = (g.oh, g.ow)
-    flat = flat_pointwise(g, w4.shape[0], call.target)
+    flat = flat_pointwise(g, w4.shape[0], call.target, call.threads)
     n, c, h, w = xref.shape
     step = xref.strides[3] if w > 1 else xref.strides[2]  # (from pixel to pixel along the plane, if it is one row)
-    if flat is not g and step > 0 and xref.strides[2] == w * step:  # (rows contiguous: the plane is one row)
+    if flat is not g and step > 0 and xref.strides[2] == w * step:  # (rows contiguous: one row, or one per thread)
         g = flat
-        xref = dataclasses.replace(xref, shape=(n, c, 1, h * w), strides=(*xref.strides[:2], h * w * step, step))
+        xref = dataclasses.replace(xref, shape=(n, c, g.h, g.w), strides=(*xref.strides[:2], g.w * step, step))
     plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads,
                        xref.strides if call.input_scale is None else None)
     return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func, outs)
