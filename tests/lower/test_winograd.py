@@ -36,6 +36,7 @@ CASES = [  # n, ci, h, w, co, pad, threads
     (1, 32, 16, 16, 33, 0, 2),  # no padding (14x14 outputs)
     (1, 16, 28, 28, 64, 1, 2),  # 7 rows of tiles: blocks padded with rows of zero tiles
     (1, 24, 7, 30, 17, 1, 1),  # a wide, short plane
+    (1, 64, 13, 13, 256, 1, 2),  # SqueezeNet's expand at 13x13: on AVX2, threads over U's columns
 ]
 
 
@@ -145,6 +146,22 @@ def test_layer_choice():
     assert not use_winograd(strided, 64, 1, t)
     assert not use_winograd(g(160, 6), 320, 1, big_l3)  # 36 of the 2 x 2 tiles' 64 outputs inside the plane
     assert use_winograd(g(128, 13), 128, 1, big_l3)  # 169 of 256
+
+
+def test_small_plane_threads_split_the_output_channels():
+    """On 2 threads, a plane of 4 rows of tiles (SqueezeNet's 64 -> 256 at 13 x 13, AVX2) runs as one block of 16
+    tiles with each thread its half of U's columns, not as 4 blocks of one row of tiles each reading all of U for 4
+    tiles; at 1 thread, one block; the larger planes' plans are not those."""
+    v3 = get_target("x86-64-v3")
+
+    def g(c, h):
+        return ConvGeometry(c, h, h, h, h, 3, 3, 1, 1, 1, 1, 1, 1)
+
+    two = plan_winograd(256, g(64, 13), 1, v3, 2)
+    assert (two.split, two.tr, two.threads) == ("channels", 4, 2)
+    one = plan_winograd(256, g(64, 13), 1, v3, 1)
+    assert (one.split, one.tr, one.threads) == ("blocks", 4, 1)
+    assert plan_winograd(192, g(128, 27), 1, v3, 2).split == "blocks"  # (7 rows of tiles: blocks of 4 rows)
 
 
 def _conv_model(x_shape, co, pads, residual):

@@ -55,6 +55,13 @@ __all__ = ["WinoPlan", "pack_winograd", "plan_winograd", "spread", "use_winograd
 
 VM_L3_BYTES = 4 << 20  # a thread's V and M beyond this go through memory rather than L3
 VM_MAX_BYTES = 8 << 20  # and blocks never make them larger than this (the arena holds them)
+# a plane of at most this many rows of tiles, on threads: plan_winograd's cost has the threads share the bandwidth
+# that U streams with (each block of a short row of tiles reads all of U for a few tiles, every thread at once).
+# Zen 3, AVX2, 2 threads, in the model, alternated: SqueezeNet 1.1's 64 -> 256 at 13 x 13 0.315 -> 0.23 ms as one
+# block with the threads over U's columns, Inception-v2's 14 x 14 layers 0.41 -> 0.28 (128 -> 160), GoogLeNet's
+# 96 -> 208 at 13 x 13 0.41 -> 0.32; on 7 and 14 rows of tiles (27 x 27, 55 x 55) the same cost chose plans 10-15%
+# slower, so those keep the cost without it
+U_SHARED_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,7 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
     flops = 2.0 * batch * co * g.oh * g.ow * g.ci * 9
     t = threads if threads > 1 and flops >= PAR_MIN_FLOPS_WS else 1
     u_bytes = 4 * 36 * cp * kp
+    shared = t > 1 and th <= U_SHARED_ROWS
     ncp = kp // nr
 
     def cost(tr: int, split: str = "blocks") -> float:
@@ -212,7 +220,7 @@ def plan_winograd(co: int, g: ConvGeometry, batch: int, target: Target, threads:
         pb = tr * tw
         mr = min(pb, mr_max)
         gemm = 2.0 * 36 * -(-pb // mr) * mr * cp * kp / (4.0 * lanes * 3e9) * (1 + 2 / mr)
-        u = u_bytes / (200e9 if u_bytes <= target.l3_bytes // 2 else 25e9)
+        u = u_bytes / (200e9 if u_bytes <= target.l3_bytes // 2 else 25e9) * (t if shared else 1)
         vm = 4 * 36 * pb * (cp + kp)
         spill = 0.0 if vm <= target.l2_bytes // 2 else 2 * vm / (50e9 if vm <= 2 << 20 else 20e9)
         if split == "channels":
