@@ -432,10 +432,11 @@ def test_flat_pointwise_one_row_per_thread():
     assert len(seen) == len(set(seen)) == out.size
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_projection_with_residual_compiled_matches_onnxruntime(threads):
-    """MobileNetV2's 576 -> 96 projection at 14 x 14 with its residual add, compiled for this machine (on AVX2 at 2
-    threads, one row of 98 pixels per thread): the outputs match onnxruntime."""
+@pytest.mark.parametrize("threads,ci,co,hw", [(1, 576, 96, 14), (2, 576, 96, 14), (1, 256, 128, 56), (2, 256, 128, 56)])
+def test_projection_with_residual_compiled_matches_onnxruntime(threads, ci, co, hw):
+    """MobileNetV2's 576 -> 96 projection at 14 x 14 with its residual add (on AVX2 at 2 threads, one row of 98
+    pixels per thread), and ResNet-50's 256 -> 128 at 56 x 56 (on AVX2, rows of 64 pixels outside: its input
+    outgrows L2), compiled for this machine: the outputs match onnxruntime."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -443,16 +444,53 @@ def test_projection_with_residual_compiled_matches_onnxruntime(threads):
     from dlcc.testing.harness import assert_close
 
     rng = np.random.default_rng(14)
-    w = numpy_helper.from_array((rng.standard_normal((96, 576, 1, 1)) * 0.05).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "b")
+    w = numpy_helper.from_array((rng.standard_normal((co, ci, 1, 1)) * 0.05).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(co).astype(np.float32), "b")
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Add", ["c", "r"], ["y"])]
     vi = helper.make_tensor_value_info
-    gr = helper.make_graph(nodes, "projection", [vi("x", TensorProto.FLOAT, [1, 576, 14, 14]),
-                                                 vi("r", TensorProto.FLOAT, [1, 96, 14, 14])],
-                           [vi("y", TensorProto.FLOAT, [1, 96, 14, 14])], [w, b])
+    gr = helper.make_graph(nodes, "projection", [vi("x", TensorProto.FLOAT, [1, ci, hw, hw]),
+                                                 vi("r", TensorProto.FLOAT, [1, co, hw, hw])],
+                           [vi("y", TensorProto.FLOAT, [1, co, hw, hw])], [w, b])
     m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"x": rng.standard_normal((1, 576, 14, 14)).astype(np.float32),
-             "r": rng.standard_normal((1, 96, 14, 14)).astype(np.float32)}
+    feeds = {"x": rng.standard_normal((1, ci, hw, hw)).astype(np.float32),
+             "r": rng.standard_normal((1, co, hw, hw)).astype(np.float32)}
     ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     cm = dlcc.compile(m, threads=threads)
     assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pointwise_input_beyond_l2_runs_rows_outside(threads):
+    """A 1x1 convolution whose input outgrows half of L2 (16 registers) while its weight does not: its plane as rows
+    whose input stays in a quarter of L2, output rows outside ("rows", in bands within that quarter), the loop IR
+    matching numpy; ResNet-50's 256 -> 128 at 56 x 56 on Zen 3 as 49 rows of 64 pixels."""
+    from dlcc.schedule.direct import flat_pointwise, streams_input
+
+    v3 = get_target("x86-64-v3")
+    r50 = ConvGeometry(256, 56, 56, 56, 56, 1, 1, 1, 1, 1, 1, 0, 0)
+    zen3 = dataclasses.replace(v3, l2_bytes=512 * 1024)
+    g = flat_pointwise(r50, 128, zen3, threads)
+    assert (g.oh, g.ow) == (49, 64) and streams_input(g, zen3)
+    p = plan_direct(128, g, 1, zen3, threads)
+    assert p.order == "rows" and p.band * 4 * 256 * 64 <= zen3.l2_bytes // 4 and p.threads == threads
+    assert not streams_input(r50, get_target("x86-64-v4"))  # (32 registers: plans unchanged)
+    small = dataclasses.replace(v3, l2_bytes=64 * 1024)  # 64 channels x 256 pixels (64 KB): beyond half of it
+    g0 = ConvGeometry(64, 16, 16, 16, 16, 1, 1, 1, 1, 1, 1, 0, 0)
+    g = flat_pointwise(g0, 40, small, threads)
+    # (on 2 threads, one row per thread first: ``SPLIT_FLAT``, test_flat_pointwise_one_row_per_thread)
+    assert g.oh * g.ow == 256 and g.oh % threads == 0 and (4 * 64 * g.ow <= 16 * 1024 or g.oh == threads > 1)
+    p = plan_direct(40, g, 1, small, threads)
+    assert p.order == "rows" and (4 * 64 * g.ow * p.band <= 16 * 1024 or threads > 1)
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
+    wt = rng.standard_normal((40, 64, 1, 1)).astype(np.float32)
+    ref = _conv_ref(x, wt, (1, 1), (1, 1), (0, 0))
+    wpk = pack_direct(wt, p)
+    f = direct_func(p, Buf("x", "float32", Layout.strided((1, 64, g.oh, g.ow))),
+                    Buf("wp", "float32", Layout.strided(wpk.shape)),
+                    Buf("c", "float32", Layout.strided((1, 40, 256))),
+                    Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
+    verify_func(f)
+    out, seen = _run_conv_ir(f, x.reshape(1, 64, g.oh, g.ow), "wp", wpk, (1, 40, 256), p.workspace_floats)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size

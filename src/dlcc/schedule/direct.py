@@ -50,7 +50,7 @@ from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DirectPlan", "direct_func", "direct_pays", "flat_pointwise", "pack_direct", "plan_direct", "reads_in_place",
-           "repack_phase", "tile_score", "trim_taps"]
+           "repack_phase", "streams_input", "tile_score", "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
@@ -85,6 +85,7 @@ class DirectPlan:
     ring: tuple[int, int] | None = None  # the zero ring a block keeps above and left of the input: the padding
     # (None), or less where no tap reaches it (``_extent``)
     in_place: bool = False  # the input read where it is, not repacked (``reads_in_place``): no workspace
+    band_rows: int = 0  # "rows": at most this many rows per band (0: no bound; ``streams_input``)
 
     @property
     def rh(self) -> int:
@@ -105,8 +106,10 @@ class DirectPlan:
     @property
     def band(self) -> int:
         """"rows": output rows per band of the local buffer (up to PLANE_BYTES; its epilogue runs along the band's
-        contiguous rows as one loop: a 28-pixel row alone leaves a scalar tail of 12 per channel)."""
-        return max(1, min(-(-self.g.oh // self.threads), PLANE_BYTES // (4 * self.no * self.g.ow)))
+        contiguous rows as one loop: a 28-pixel row alone leaves a scalar tail of 12 per channel), and at most
+        ``band_rows``."""
+        band = max(1, min(-(-self.g.oh // self.threads), PLANE_BYTES // (4 * self.no * self.g.ow)))
+        return min(band, self.band_rows) if self.band_rows else band
 
     @property
     def input_floats(self) -> int:
@@ -156,14 +159,38 @@ def flat_pointwise(g: ConvGeometry, co: int, target: Target, threads: int = 1) -
         return g
     n = g.oh * g.ow
     flat = replace(g, h=1, w=n, oh=1, ow=n)
-    if _best_tile(flat.ow, co, target)[0] <= _best_tile(g.ow, co, target)[0]:
+    here = _best_tile(g.ow, co, target)[0]
+    if _best_tile(flat.ow, co, target)[0] <= here:
         return g
+    one = plan_direct(co, flat, 1, target, threads)
     if SPLIT_FLAT and threads > 1 and n % threads == 0 and n // threads >= g.ow:
         split = replace(g, h=threads, w=n // threads, oh=threads, ow=n // threads)
-        if (plan_direct(co, flat, 1, target, threads).order == "plane"
-                and plan_direct(co, split, 1, target, threads).order == "rows"):
+        if one.order == "plane" and plan_direct(co, split, 1, target, threads).order == "rows":
             return split
+    if streams_input(flat, target) and 4 * one.n_oct * one.no * one.ncb * one.cbi <= target.l2_bytes // 2:
+        # the input beyond half of L2, the weight within: rows whose input stays in a quarter of L2, each read by
+        # every channel tile ("rows"), the rows as long as the register tile runs best along, a number the threads
+        # divide evenly (``plan_direct``'s balance)
+        fits = [(_best_tile(n // r, co, target)[0], -r) for r in range(2, n + 1)
+                if n % r == 0 and 4 * one.ncb * one.cbi * (n // r) <= target.l2_bytes // 4
+                and (r % threads == 0 or r >= 8 * threads)]
+        if fits and max(fits)[0] > here:
+            r = -max(fits)[1]
+            return replace(g, h=r, w=n // r, oh=r, ow=n // r)
     return flat
+
+
+def streams_input(g: ConvGeometry, target: Target) -> bool:
+    """Does this 1x1 convolution's input (per image) outgrow half of L2 on a 16-register target? Then output
+    rows go outside ("rows", in bands whose input stays in a quarter of L2), not the channel tiles, each of which
+    would stream the whole input from L3 ("plane", "oc"). Zen 3, AVX2, alternated in the model, with its plane as
+    rows of 64, 49 or 196 pixels (``flat_pointwise``): ResNet-50's 256 -> 64 at 56 x 56 1.77 -> 1.43 ms, 256 ->
+    128 3.35 -> 2.70 at 1 thread, 1.14 -> 0.83 and 2.01 -> 1.46 at 2 (the model 92.3 -> 91.3 and 57.2 -> 56.0
+    ms, sums of kernel minima); DenseNet-121 64.3 -> 62.7 and 41.9 -> 39.4; MobileNetV2, Inception-v2 and
+    EfficientNet-B0 within 1%."""
+    cbi = min(target.lanes, g.ci)
+    return (g.kh * g.kw == 1 and target.vector_registers < 32
+            and 4 * -(-g.ci // cbi) * cbi * g.h * g.w > target.l2_bytes // 2)
 
 
 def _segments(o: int, k: int, s: int, d: int, p: int, n: int) -> list[tuple[int, int, int, int]]:
@@ -302,7 +329,9 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     # during the first row, with 1/OH of the work to hide it)
     weight_bytes = 4 * n_oct * no * -(-g.ci // cbi) * cbi * g.kh * g.kw
     order = "rows" if weight_bytes <= target.l2_bytes // 2 else "oc"
-    if 4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t and not (SPLIT_FLAT and g.oh == t > 1 and g.kh * g.kw == 1):
+    streams = streams_input(g, target) and g.oh > 1  # (one row: "plane" or "rows" alike)
+    if (4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t and not streams
+            and not (SPLIT_FLAT and g.oh == t > 1 and g.kh * g.kw == 1)):
         order = "plane"  # a small plane: channel tiles outside, the whole plane of a tile before its epilogue
     # (a 1x1 plane as one row per thread, ``flat_pointwise``: each thread its pixels, where threads splitting the
     # channel tiles each read the whole input (MobileNetV2's 576 -> 96 at 14 x 14 with the residual add, Zen 3,
@@ -339,7 +368,8 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
                                   (rh, rw), inplace)
         if chunk < ncb:
             return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw), inplace)
-    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace)
+    band_rows = max(1, (target.l2_bytes // 4) // (4 * ncb * cbi * g.w)) if streams and order == "rows" else 0
+    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows)
 
 
 def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
