@@ -62,7 +62,6 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 L1_WAY_BYTES = 4096
 GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
 GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
-SPLIT_FLAT = True  # a flattened 1x1 plane as one row per thread (``flat_pointwise``)
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ def flat_pointwise(g: ConvGeometry, co: int, target: Target, threads: int = 1) -
     layer: ResNet-50's 512 -> 2048 at 7 x 7 (rows of 6 + 1 pixels) 66 -> 82 GFLOP/s, 1024 -> 256 at 14 x 14 65 ->
     69, 128 -> 512 at 28 x 28 75 -> 83. (On AVX-512 the 3 x 7 and 2 x 14 tiles fill 7-, 14- and 28-wide rows.)
     With threads that the one row would have split its channel tiles ("plane": each thread reads the whole
-    input) and that divide the pixels (``SPLIT_FLAT``): one row per thread where each thread then takes its row
+    input) and that divide the pixels: one row per thread where each thread then takes its row
     with every channel tile ("rows": the whole weight in L2)."""
     if ((g.kh, g.kw, g.sh, g.sw, g.ph, g.pw) != (1, 1, 1, 1, 0, 0) or (g.oh, g.ow) != (g.h, g.w) or g.oh == 1
             or target.vector_registers >= 32):  # (padded at the end: more output pixels than input ones)
@@ -163,7 +162,7 @@ def flat_pointwise(g: ConvGeometry, co: int, target: Target, threads: int = 1) -
     if _best_tile(flat.ow, co, target)[0] <= here:
         return g
     one = plan_direct(co, flat, 1, target, threads)
-    if SPLIT_FLAT and threads > 1 and n % threads == 0 and n // threads >= g.ow:
+    if threads > 1 and n % threads == 0 and n // threads >= g.ow:
         split = replace(g, h=threads, w=n // threads, oh=threads, ow=n // threads)
         if one.order == "plane" and plan_direct(co, split, 1, target, threads).order == "rows":
             return split
@@ -330,8 +329,8 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     weight_bytes = 4 * n_oct * no * -(-g.ci // cbi) * cbi * g.kh * g.kw
     order = "rows" if weight_bytes <= target.l2_bytes // 2 else "oc"
     streams = streams_input(g, target) and g.oh > 1  # (one row: "plane" or "rows" alike)
-    if (4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t and not streams
-            and not (SPLIT_FLAT and g.oh == t > 1 and g.kh * g.kw == 1)):
+    rows_first = streams or (g.kh * g.kw == 1 and g.oh == t > 1)  # (a 1x1 plane as one row per thread)
+    if 4 * no * g.oh * g.ow <= PLANE_BYTES and n_oct >= t and not rows_first:
         order = "plane"  # a small plane: channel tiles outside, the whole plane of a tile before its epilogue
     # (a 1x1 plane as one row per thread, ``flat_pointwise``: each thread its pixels, where threads splitting the
     # channel tiles each read the whole input (MobileNetV2's 576 -> 96 at 14 x 14 with the residual add, Zen 3,
