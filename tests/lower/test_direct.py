@@ -246,6 +246,44 @@ def test_blocked_depthwise_loop_ir_matches_numpy(ci, h, s, k, batch, threads):
     assert len(seen) == len(set(seen)) == out.size
 
 
+@pytest.mark.parametrize("ci,h,s,threads,channels_last,l2k", [
+    (32, 64, 1, 1, True, 256),  # MobileNetV2's first depthwise, scaled to a 256 KiB L2: 8 parts of 8 rows
+    (32, 64, 1, 2, False, 256),  # two threads: a part count they divide, each thread its half of the rows
+    (20, 41, 2, 1, True, 128),  # stride 2, an odd plane, a partial last block: 6 parts of 4 rows
+])
+def test_blocked_depthwise_rows_outer(ci, h, s, threads, channels_last, l2k):
+    """A depthwise convolution whose input outgrows half of L2 runs in parts of output rows outermost and the
+    channel blocks inside each (``DwcPlan.rows_outer``): every part's input rows are read from memory once, not
+    once per block, and each block repacks only the rows its part reads; results as numpy's, every output
+    once. Channels-last inputs (a pixel's channels contiguous) are where that pays most."""
+    from dlcc.schedule.dwconv import dwc_func, pack_dwc, plan_dwc
+
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((1, ci, h, h)).astype(np.float32)
+    wt = rng.standard_normal((ci, 1, 3, 3)).astype(np.float32)
+    ref = np.concatenate([_conv_ref(x[:, i:i + 1], wt[i:i + 1], (s, s), (1, 1), (1, 1)) for i in range(ci)], axis=1)
+    oh = ref.shape[2]
+    g = ConvGeometry(ci, h, h, oh, oh, 3, 3, s, s, 1, 1, 1, 1)
+    tg = dataclasses.replace(get_target("x86-64-v3"), l2_bytes=l2k * 1024)
+    p = plan_dwc(g, 1, tg, threads)
+    assert p.rows_outer and p.splits > 1 and p.splits % threads == 0 and oh >= 2 * p.splits
+    assert not plan_dwc(g, 1, get_target("x86-64-v3"), threads).rows_outer  # (the input fits half of 1 MiB)
+    assert p.workspace_floats < threads * p.hp * p.wp * p.cbi  # (a part's rows only)
+    # 7x7 on ConvNeXt's 96 channels at 56 x 56: parts whose input fits would repack twice their rows
+    convnext = ConvGeometry(96, 56, 56, 56, 56, 7, 7, 1, 1, 1, 1, 3, 3)
+    assert not plan_dwc(convnext, 1, dataclasses.replace(tg, l2_bytes=512 * 1024), threads).rows_outer
+    wp = pack_dwc(wt.reshape(ci, -1), p)
+    strides = (h * h * ci, 1, h * ci, ci) if channels_last else None
+    f = dwc_func(p, Buf("x", "float32", Layout.strided(x.shape, strides)),
+                 Buf("wp", "float32", Layout.strided(wp.shape)), Buf("c", "float32", Layout.strided((1, ci, oh * oh))),
+                 Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), True)
+    verify_func(f)
+    out, seen = _run_conv_ir(f, x.transpose(0, 2, 3, 1) if channels_last else x, "wp", wp, (1, ci, oh * oh),
+                             p.workspace_floats)
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_aspp_head_compiled_without_zero_rings(threads):
     """A DeepLabV3 head (ASPP dilations 12, 24 and 36 on a 28 x 28 plane, 64 input channels, two images): the
@@ -353,6 +391,45 @@ def test_bottleneck_reads_channels_last_in_place(threads):
                  and s.anchor.inputs[1].name in ("w2", "w3")]
     in_place = [s for s in pointwise if s.workspace is None]
     assert in_place, "no 1x1 convolution reads its channels-last input in place"
+    assert_close(cm({"x": x})["y"], ref, 1e-4, 1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mobilenet_stem_depthwise_rows_outer_compiled(threads):
+    """MobileNetV2's stem at full size (3 -> 32 channels 3x3 stride 2 to 112 x 112, ReLU6, depthwise 3x3, ReLU6,
+    1x1 to 16): the depthwise convolution's 1.6 MB input outgrows half of L2, so it runs in parts of rows with
+    the channel blocks inside (``DwcPlan.rows_outer``) and its workspace holds one part's rows; outputs match
+    onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import dlcc
+    from dlcc.schedule.dwconv import plan_dwc
+    from dlcc.testing.harness import assert_close
+
+    rng = np.random.default_rng(6)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["b"]),
+             helper.make_node("Conv", ["b", "w2"], ["c"], pads=[1, 1, 1, 1], group=32),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["d"]),
+             helper.make_node("Conv", ["d", "w3"], ["y"])]
+    lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0)))
+    g = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 224, 224])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [w("w1", 32, 3, 3, 3), w("w2", 32, 1, 3, 3), w("w3", 16, 32, 1, 1), lo, hi])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cm = dlcc.compile(onnx.shape_inference.infer_shapes(m), threads=threads)
+    target = cm.artifacts.target
+    plan = plan_dwc(ConvGeometry(32, 112, 112, 112, 112, 3, 3, 1, 1, 1, 1, 1, 1), 1, target, threads)
+    if target.lanes >= 4 and target.l2_bytes < 8 * 32 * 112 * 112:  # (the input: more than half of L2)
+        assert plan.rows_outer and plan.workspace_floats < threads * plan.hp * plan.wp * plan.cbi
     assert_close(cm({"x": x})["y"], ref, 1e-4, 1e-6)
 
 

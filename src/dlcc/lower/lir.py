@@ -771,7 +771,7 @@ class _Verifier:
             if kind == "int":
                 lo, hi = interval(a, env)
                 if lo < 0:
-                    self.fail(f"micro-kernel {s.name}: {pname} may be negative ({_pe(a)})")
+                    self.fail_bounds(f"micro-kernel {s.name}: {pname} may be negative ({_pe(a)})")
                 scalars[pname] = hi
             elif not isinstance(a, Ptr):
                 self.fail(f"micro-kernel {s.name}: {pname} must be a pointer")
