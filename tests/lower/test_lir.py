@@ -36,6 +36,7 @@ from dlcc.lower.lir import (
     Select,
     Store,
     Var,
+    interval,
     print_func,
     run_func,
     verify_func,
@@ -308,6 +309,41 @@ def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn):
     run_func(f, {"ap": pack_a(a, p.mr), "x": x.ravel().copy(), "c": c}, lambda i, v: seen.append(i))
     np.testing.assert_allclose(c.reshape(batch, m, n), a.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == batch * m * n
+    # every vectorized loop (the packing, the epilogue) runs a constant width, the last panel its own body
+    # where the columns are not a whole number of panels (a run-time width is left scalar by the C compiler)
+    widths = _vector_widths(f.body)
+    assert widths and all(w is not None for w in widths), widths
+    assert (n % p.nr in widths) == bool(n % p.nr)
+
+
+class _Every(dict):
+    """Every variable bound to the one value ``v``."""
+
+    def __init__(self, v: int):
+        super().__init__()
+        self.v = v
+
+    def __contains__(self, name) -> bool:
+        return True
+
+    def __getitem__(self, name) -> tuple[int, int]:
+        return self.v, self.v
+
+
+def _vector_widths(stmts) -> list[int | None]:
+    """The trip count of every vectorized loop in ``stmts`` (None where it is not a constant)."""
+    out = []
+    for s in stmts:
+        if isinstance(s, For):
+            if s.kind == "vectorized":  # (the same count whatever the enclosing loops' variables)
+                counts = {interval(s.stop - s.start, _Every(v))[0] for v in (3, 7)}
+                out.append(counts.pop() if len(counts) == 1 else None)
+            out += _vector_widths(s.body)
+        elif isinstance(s, If):
+            out += _vector_widths(s.then) + _vector_widths(s.else_)
+        elif isinstance(s, Alloc):
+            out += _vector_widths(s.body)
+    return out
 
 
 def _run_conv_ir(f, x, wname, wp, out_shape, ws_floats):
