@@ -9,7 +9,7 @@ the ``Target`` and the thread count. What comes out: the loop IR, in one of two 
   threads 0.061 -> 0.053 ms at 56x56; with an input larger than half of L2, over parts of output rows with the
   blocks inside each part, so that the part's input rows come from memory once and from L2 for the other
   blocks, where the block-outer order read the whole input once per block: MobileNetV2's first depthwise, 32
-  channels channels-last at 112x112, Zen 3, 0.387 -> 0.319 ms at 1 thread, 0.235 -> 0.172 at 2); per image and
+  channels channels-last at 112x112, Zen 3, 0.348 -> 0.297 ms at 1 thread, 0.288 -> 0.247 at 2); per image and
   block, the block repacked with its zero
   ring into the thread's workspace (``nchwc_...``: every pixel's channels one vector, no tap ever outside),
   then per output row register tiles of up to ``px`` pixels (``dwc_...``: one vector FMA per tap and pixel,
