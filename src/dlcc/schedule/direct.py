@@ -45,7 +45,7 @@ from dlcc.lower.lir import (
 )
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
-from dlcc.schedule.loops import PAR_MIN_FLOPS, share
+from dlcc.schedule.loops import PAR_MIN_FLOPS, l2_quarter_rows, share
 from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
@@ -171,7 +171,7 @@ def flat_pointwise(g: ConvGeometry, co: int, target: Target, threads: int = 1) -
         # every channel tile ("rows"), the rows as long as the register tile runs best along, a number the threads
         # divide evenly (``plan_direct``'s balance)
         fits = [(_best_tile(n // r, co, target)[0], -r) for r in range(2, n + 1)
-                if n % r == 0 and 4 * one.ncb * one.cbi * (n // r) <= target.l2_bytes // 4
+                if n % r == 0 and l2_quarter_rows(target.l2_bytes, 4 * one.ncb * one.cbi * (n // r)) >= 1
                 and (r % threads == 0 or r >= 8 * threads)]
         if fits and max(fits)[0] > here:
             r = -max(fits)[1]
@@ -367,7 +367,7 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
                                   (rh, rw), inplace)
         if chunk < ncb:
             return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw), inplace)
-    band_rows = max(1, (target.l2_bytes // 4) // (4 * ncb * cbi * g.w)) if streams and order == "rows" else 0
+    band_rows = max(1, l2_quarter_rows(target.l2_bytes, 4 * ncb * cbi * g.w)) if streams and order == "rows" else 0
     return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows)
 
 

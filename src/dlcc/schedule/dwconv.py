@@ -51,7 +51,7 @@ from dlcc.lower.lir import (
 )
 from dlcc.lower.micro import DCONV_PAD, dwc_micro, dwconv_micro, nchwc_micro
 from dlcc.schedule.gemm import ConvGeometry
-from dlcc.schedule.loops import share
+from dlcc.schedule.loops import l2_quarter_rows, share
 from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
@@ -64,7 +64,6 @@ PLANE_BYTES = 48 * 1024  # a block's whole output plane up to this size: one epi
 # (SqueezeNet's 3x3 max pools: 55-wide 0.042 -> 0.047 ms blocked, 27-wide 0.025 -> 0.021)
 POOL_BLOCKED_MAX_W = 32
 
-PART_L2_SHARE = 4  # (a rows-outer part's input: at most this share of L2)
 DW_PAR_MIN_OUTPUTS = 1 << 14  # fewer outputs than this: one thread (a dispatch costs more than it saves;
 # MobileNetV2's 576 channels at 7x7, 28224 outputs: 0.018 ms on one thread, 0.009 on two)
 
@@ -157,10 +156,10 @@ def plan_dwc(g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> D
     ncb = -(-g.ci // cbi)
     splits = t if t > 1 and ncb % t and g.oh >= 4 * t else 1
     # a large input: parts of output rows outermost, the blocks inside (``rows_outer``), each part's input (every
-    # channel) within 1/PART_L2_SHARE of L2, where the rows a part reads past its own (the kernel's overlap) are
+    # channel) within a quarter of L2, where the rows a part reads past its own (the kernel's overlap) are
     # at most a quarter of them (7x7 kernels on ConvNeXt's 56 x 56 x 96 would repack twice their rows)
     overlap = max(0, (g.kh - 1) * g.dh + 1 - g.sh)
-    rows = (target.l2_bytes // PART_L2_SHARE) // (4 * g.ci * g.w * g.sh)
+    rows = l2_quarter_rows(target.l2_bytes, 4 * g.ci * g.w * g.sh)
     if ncb > 1 and 4 * g.ci * g.h * g.w > target.l2_bytes // 2 and rows * g.sh >= 4 * overlap:
         parts = -(-g.oh // max(1, rows))
         parts = -(-parts // t) * t  # (a number the threads divide)
@@ -193,8 +192,11 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     xd = x.layout.dims
     wsb = tv * (p.part_rows * p.wp * cbi)
     # the work item: a block, or with splits a part of its output rows [r_lo, r_hi) (input rows [y0, y1))
-    blk: Expr = (w % p.ncb if p.rows_outer else w // S) if S > 1 else cb
-    r_lo, r_hi = share(w // p.ncb if p.rows_outer else w % S, g.oh, S) if S > 1 else (Const(0), Const(g.oh))
+    blk: Expr = cb
+    r_lo, r_hi = Const(0), Const(g.oh)
+    if S > 1:  # (parts outermost: block w % ncb of part w // ncb; else part w % S of block w // S)
+        blk, part = (w % p.ncb, w // p.ncb) if p.rows_outer else (w // S, w % S)
+        r_lo, r_hi = share(part, g.oh, S)
     y0, rows_in = Const(0), Const(p.hp)
     if S > 1:
         y0 = simplify(r_lo * g.sh)

@@ -562,8 +562,12 @@ def _tiles(p: GemmPlan, ib: Var, jp: Var, pc: Var, r: Var, j: Var, lead: tuple[E
             call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols))
         if not epilogue:
             return (call,)
-        jstop = jp * NR + cols if N % NR and isinstance(cols, Const) else \
-            Bin("min", Const(N), jp * NR + NR) if N % NR else jp * NR + NR
+        if not N % NR:
+            jstop = jp * NR + NR
+        elif isinstance(cols, Const):  # (the panel's width a constant: ``gemm_func_wconst``'s full and last panels)
+            jstop = jp * NR + cols
+        else:
+            jstop = Bin("min", Const(N), jp * NR + NR)
         if transposed:
             idx = (*lead, j, ib * MR + r)
             ep = For(j, jp * NR, jstop, (For(r, Const(0), Const(mr), (Epilogue(idx, Load(c, idx)),), "vectorized"),))

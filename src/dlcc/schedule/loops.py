@@ -1,7 +1,8 @@
 """Small helpers the loop-IR builders of ``dlcc.schedule`` share.
 
 What goes in: extents, a name generator, a body builder. What comes out: loop-IR statements (``nest``),
-fresh variable names (``numbered``) and a thread's share of a range (``share``).
+fresh variable names (``numbered``), a thread's share of a range (``share``) and the rows of a band that stays
+in L2 (``l2_quarter_rows``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from dlcc.lower.lir import Const, Expr, For, Stmt, Var, simplify
 
-__all__ = ["PAR_MIN_FLOPS", "PAR_MIN_FLOPS_WS", "nest", "numbered", "share"]
+__all__ = ["PAR_MIN_FLOPS", "PAR_MIN_FLOPS_WS", "l2_quarter_rows", "nest", "numbered", "share"]
 
 # below this much work a kernel runs on one thread: a dispatch to the pool's spinning worker costs about a
 # microsecond, so 0.5 MFLOP (2-3 us at one thread) still gains (the kit's residual block, two 1.2 MFLOP 3x3
@@ -31,6 +32,13 @@ def numbered() -> Callable[[str], str]:
         seen[prefix] = seen.get(prefix, -1) + 1
         return f"{prefix}{seen[prefix]}"
     return fresh
+
+
+def l2_quarter_rows(l2_bytes: int, row_bytes: int) -> int:
+    """Rows of ``row_bytes`` each that fit in a quarter of L2: a band of input that stays there while every
+    channel tile or block reads it (the direct kernel's "rows" bands and flattened rows, the depthwise kernel's
+    rows-outer parts)."""
+    return (l2_bytes // 4) // row_bytes
 
 
 def share(t: Expr, n: int, parts: int) -> tuple[Expr, Expr]:
