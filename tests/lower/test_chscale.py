@@ -30,7 +30,8 @@ def test_scaled_repack_matches_its_contract(target):
     t = get_target(target)
     L = t.lanes
     rng = np.random.default_rng(5)
-    geos = [(L, 5, L + 3, 1, 1, 7, L + 5, 1), (L, 4, 3, 0, 2, 4, 7, 1), (L, 5, 6, 1, 2, 7, 9, 3 * L)]
+    geos = [(L, 5, L + 3, 1, 1, 7, L + 5, 1), (L, 4, 3, 0, 2, 4, 7, 1), (L, 5, 6, 1, 2, 7, 9, 3 * L),
+            (3, 4, 5, 1, 1, 6, 7, 1)]  # (a block narrower than a vector: constant-indexed copies)
     src = PRELUDE + vector_helpers(L) + "\n"
     for geo in geos:
         name = nchwc_micro(*geo[:7], xw=geo[7], scaled=True)

@@ -437,11 +437,14 @@ def test_transposed_store_micro_kernel_matches_its_contract(target):
 
 @pytest.mark.parametrize("target", runnable_targets())
 def test_im2col_micro_kernel_matches_its_contract(target):
-    """The gather's C (runs along output rows, padding as zeros) against the contract's reference."""
+    """The gather's C (runs along output rows, padding as zeros; a 1x1 kernel's per-pixel offsets) against the
+    contract's reference."""
     t = get_target(target)
     rng = np.random.default_rng(6)
     geos = [(9, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), (11, 11, 4, 3, 3, 2, 2, 2, 2, 2, 2), (7, 7, 7, 1, 1, 1, 1, 1, 1, 0, 0),
-            (10, 13, 5, 5, 5, 2, 3, 1, 1, 2, 1)]
+            (10, 13, 5, 5, 5, 2, 3, 1, 1, 2, 1),
+            # 1x1 (offsets once per panel, a full panel unrolled): strided, and with a padding ring
+            (12, 12, 6, 1, 1, 2, 2, 1, 1, 0, 0), (6, 5, 7, 1, 1, 1, 1, 1, 1, 1, 1)]
     src = PRELUDE + vector_helpers(t.lanes) + "\n"
     names = []
     for h, w, ow, kh, kw, sh, sw, dh, dw, ph, pw in geos:
