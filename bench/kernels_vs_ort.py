@@ -7,11 +7,12 @@ by the difference, dlcc's losses first, with the totals of both and what could n
 
 Matching: onnxruntime names a node it creates after the value it writes (``<value>_nchwc``, its fused
 Conv+activation), else keeps the ONNX node's name; a dlcc kernel holds ONNX nodes (and their output values).
-An onnxruntime node counts for the first dlcc kernel that holds a node or a value of that name; nodes whose
-values dlcc's optimizer folded away (a BatchNormalization folded into its Conv) stay unmatched, in a row of their
-own. Both sides
-run interleaved in one process, best of N each (kernel by kernel for dlcc, node by node for onnxruntime): sums
-of per-kernel minima, not a latency (bench/compiled.py measures that).
+An onnxruntime node counts for the first dlcc kernel that holds a node or a value of that name. Where dlcc's
+optimizer folded that node away (a BatchNormalization into its Conv: onnxruntime calls the fused Conv
+``<bn output>_nchwc``), it counts for the kernel holding the nearest node up its data input in the ONNX graph
+(``upstream``). What still matches nothing stays in a row of its own. Both sides run interleaved in one
+process, best of N each (kernel by kernel for dlcc, node by node for onnxruntime): sums of per-kernel minima, not
+a latency (bench/compiled.py measures that).
 
 Run: ``.venv/bin/python bench/kernels_vs_ort.py mobilenet_v2 --threads 1 --runs 30``.
 """
@@ -53,14 +54,44 @@ def ort_node_times(profile: str) -> dict[str, float]:
     return {k: min(v) for k, v in times.items()}
 
 
-def match(kernels: list[set[str]], ort_names: list[str]) -> tuple[dict[int, list[str]], list[str]]:
+def upstream(model: onnx.ModelProto, depth: int = 3) -> dict[str, list[str]]:
+    """Per name of an ONNX node or of a value it writes: that name, then its data input's value and producer, and
+    theirs, up to ``depth`` nodes up. A node dlcc's optimizer folded away (a BatchNormalization into its Conv)
+    is held by no kernel, but its producer is: onnxruntime names its fused Conv after the BatchNormalization's
+    output (``<bn output>_nchwc``), which this leads back to the Conv."""
+    producer = {v: n for n in model.graph.node for v in n.output if v}
+    chains: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        chain, node = [], n
+        for _ in range(depth):
+            chain.append(node.name)
+            data = node.input[0] if node.input else ""
+            if not data:
+                break
+            chain.append(data)
+            if data not in producer:
+                break
+            node = producer[data]
+        for key in (n.name, *[v for v in n.output if v]):
+            chains[key] = [key, *chain] if key != n.name else chain
+    return chains
+
+
+def match(kernels: list[set[str]], ort_names: list[str],
+          chains: dict[str, list[str]] | None = None) -> tuple[dict[int, list[str]], list[str]]:
     """onnxruntime node names per dlcc kernel index (``kernels``: the node and value names each holds), and the
-    names no kernel holds."""
+    names no kernel holds. Each onnxruntime name counts for the first kernel holding its name, the name without
+    ``_nchwc``, or failing both the next name up its ``chains`` (``upstream``) that some kernel holds."""
     where: dict[int, list[str]] = collections.defaultdict(list)
     missing = []
+    chains = chains or {}
     for on in ort_names:
-        keys = {on, on.removesuffix("_nchwc")}
-        hit = next((i for i, names in enumerate(kernels) if keys & names), None)
+        base = on.removesuffix("_nchwc")
+        hit = None
+        for key in (on, base, *chains.get(base, ())):
+            hit = next((i for i, names in enumerate(kernels) if key in names), None)
+            if hit is not None:
+                break
         if hit is None:
             missing.append(on)
         else:
@@ -89,7 +120,7 @@ def compare(model: onnx.ModelProto, threads: int, runs: int) -> list[dict]:
     names = [{n.name for s in k.steps for n in s.nodes} | {v.name for s in k.steps for n in s.nodes
                                                             for v in n.outputs if v is not None}
              for k in kernels]
-    where, missing = match(names, list(node_t))
+    where, missing = match(names, list(node_t), upstream(model))
     rows = [{"kernel": k.id, "ops": "+".join(k.ops) if not isinstance(k.ops, str) else k.ops,
              "first_node": next((n.name for s in k.steps for n in s.nodes), ""), "dlcc_s": float(t),
              "ort_s": sum(node_t[o] for o in where.get(i, [])), "ort_nodes": where.get(i, [])}
