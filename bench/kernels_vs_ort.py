@@ -81,12 +81,13 @@ def match(kernels: list[set[str]], ort_names: list[str],
           chains: dict[str, list[str]] | None = None) -> tuple[dict[int, list[str]], list[str]]:
     """onnxruntime node names per dlcc kernel index (``kernels``: the node and value names each holds), and the
     names no kernel holds. Each onnxruntime name counts for the first kernel holding its name, the name without
-    ``_nchwc``, or failing both the next name up its ``chains`` (``upstream``) that some kernel holds."""
+    ``_nchwc`` (or before a ``/``: onnxruntime's "<node>/<fusion>"), or failing both the next name up its
+    ``chains`` (``upstream``) that some kernel holds."""
     where: dict[int, list[str]] = collections.defaultdict(list)
     missing = []
     chains = chains or {}
     for on in ort_names:
-        base = on.removesuffix("_nchwc")
+        base = on.removesuffix("_nchwc").split("/", 1)[0]  # (a fusion's node: "<ONNX node>/MatMulAddFusion")
         hit = None
         for key in (on, base, *chains.get(base, ())):
             hit = next((i for i, names in enumerate(kernels) if key in names), None)

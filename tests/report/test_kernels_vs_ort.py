@@ -35,8 +35,9 @@ def test_a_folded_batchnorm_counts_for_the_kernel_of_its_conv():
     kernels = [{"n1", "r1", "n3", "r3"}, {"n4", "r4"}]
     chains = tool.upstream(_model())
     assert chains["r2"][:3] == ["r2", "n2", "r1"]
-    where, missing = tool.match(kernels, ["r2_nchwc", "n4", "r4_nchwc", "ReorderOutput"], chains)
-    assert where == {0: ["r2_nchwc"], 1: ["n4", "r4_nchwc"]}
+    where, missing = tool.match(kernels, ["r2_nchwc", "n4", "r4_nchwc", "n4/MatMulAddFusion", "ReorderOutput"],
+                                chains)
+    assert where == {0: ["r2_nchwc"], 1: ["n4", "r4_nchwc", "n4/MatMulAddFusion"]}
     assert missing == ["ReorderOutput"]
     # without the graph (the names alone), the folded one cannot be placed
     where, missing = tool.match(kernels, ["r2_nchwc"])
