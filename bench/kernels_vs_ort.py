@@ -55,11 +55,17 @@ def ort_node_times(profile: str) -> dict[str, float]:
 
 
 def upstream(model: onnx.ModelProto, depth: int = 3) -> dict[str, list[str]]:
-    """Per name of an ONNX node or of a value it writes: that name, then its data input's value and producer, and
-    theirs, up to ``depth`` nodes up. A node dlcc's optimizer folded away (a BatchNormalization into its Conv)
+    """Per name of an ONNX node or of a value it writes: that name (a node's: then the values it writes and the
+    node reading each, where one does), then its data input's value and producer, and theirs, up to ``depth``
+    nodes up. A node dlcc's optimizer rebuilt under another name still writes its value, or is fused with its
+    reader. A node dlcc's optimizer folded away (a BatchNormalization into its Conv)
     is held by no kernel, but its producer is: onnxruntime names its fused Conv after the BatchNormalization's
     output (``<bn output>_nchwc``), which this leads back to the Conv."""
     producer = {v: n for n in model.graph.node for v in n.output if v}
+    readers: dict[str, list[str]] = collections.defaultdict(list)
+    for n in model.graph.node:
+        for v in n.input:
+            readers[v].append(n.name)
     chains: dict[str, list[str]] = {}
     for n in model.graph.node:
         chain, node = [], n
@@ -72,8 +78,13 @@ def upstream(model: onnx.ModelProto, depth: int = 3) -> dict[str, list[str]]:
             if data not in producer:
                 break
             node = producer[data]
-        for key in (n.name, *[v for v in n.output if v]):
-            chains[key] = [key, *chain] if key != n.name else chain
+        outs = [v for v in n.output if v]
+        # (its result next: a node dlcc rebuilt writes it still; then the one node reading it, which an onnxruntime
+        # fusion named after this node may hold too: ConvNeXt's MatMul + Add as "<MatMul>/MatMulAddFusion")
+        after = [r for v in outs if len(readers[v]) == 1 for r in readers[v]]
+        chains[n.name] = [n.name, *outs, *after, *chain[1:]]
+        for v in outs:
+            chains[v] = [v, *chain]
     return chains
 
 

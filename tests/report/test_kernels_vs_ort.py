@@ -39,6 +39,12 @@ def test_a_folded_batchnorm_counts_for_the_kernel_of_its_conv():
                                 chains)
     assert where == {0: ["r2_nchwc"], 1: ["n4", "r4_nchwc", "n4/MatMulAddFusion"]}
     assert missing == ["ReorderOutput"]
+    # a node dlcc rebuilt under another name ("n_MatMul__5") writes its value still, or its reader is fused with it
+    assert chains["n4"][:2] == ["n4", "r4"] and chains["n2"][:3] == ["n2", "r2", "n3"]
+    where, missing = tool.match([{"n1", "r1"}, {"n_MatMul__5", "r4"}], ["n4/MatMulAddFusion"], chains)
+    assert where == {1: ["n4/MatMulAddFusion"]} and not missing
+    where, missing = tool.match([{"n_Conv__1", "n3", "r3"}], ["n2"], chains)
+    assert where == {0: ["n2"]} and not missing
     # without the graph (the names alone), the folded one cannot be placed
     where, missing = tool.match(kernels, ["r2_nchwc"])
     assert not where and missing == ["r2_nchwc"]
