@@ -58,9 +58,9 @@ def upstream(model: onnx.ModelProto, depth: int = 3) -> dict[str, list[str]]:
     """Per name of an ONNX node or of a value it writes: that name (a node's: then the values it writes and the
     node reading each, where one does), then its data input's value and producer, and theirs, up to ``depth``
     nodes up. A node dlcc's optimizer rebuilt under another name still writes its value, or is fused with its
-    reader. A node dlcc's optimizer folded away (a BatchNormalization into its Conv)
-    is held by no kernel, but its producer is: onnxruntime names its fused Conv after the BatchNormalization's
-    output (``<bn output>_nchwc``), which this leads back to the Conv."""
+    reader. A node dlcc's optimizer folded away (a BatchNormalization into its Conv) is held by no kernel, but
+    its producer is: onnxruntime names its fused Conv after the BatchNormalization's output (``<bn
+    output>_nchwc``), which this leads back to the Conv."""
     producer = {v: n for n in model.graph.node for v in n.output if v}
     readers: dict[str, list[str]] = collections.defaultdict(list)
     for n in model.graph.node:
@@ -97,13 +97,13 @@ def match(kernels: list[set[str]], ort_names: list[str],
     where: dict[int, list[str]] = collections.defaultdict(list)
     missing = []
     chains = chains or {}
+    first: dict[str, int] = {}  # name -> the first kernel holding it
+    for i, names in enumerate(kernels):
+        for name in names:
+            first.setdefault(name, i)
     for on in ort_names:
         base = on.removesuffix("_nchwc").split("/", 1)[0]  # (a fusion's node: "<ONNX node>/MatMulAddFusion")
-        hit = None
-        for key in (on, base, *chains.get(base, ())):
-            hit = next((i for i, names in enumerate(kernels) if key in names), None)
-            if hit is not None:
-                break
+        hit = next((first[key] for key in (on, base, *chains.get(base, ())) if key in first), None)
         if hit is None:
             missing.append(on)
         else:

@@ -193,12 +193,10 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
     wsb = tv * (p.part_rows * p.wp * cbi)
     # the work item: a block, or with splits a part of its output rows [r_lo, r_hi) (input rows [y0, y1))
     blk: Expr = cb
-    r_lo, r_hi = Const(0), Const(g.oh)
+    r_lo, r_hi, y0, rows_in = Const(0), Const(g.oh), Const(0), Const(p.hp)
     if S > 1:  # (parts outermost: block w % ncb of part w // ncb; else part w % S of block w // S)
         blk, part = (w % p.ncb, w // p.ncb) if p.rows_outer else (w // S, w % S)
         r_lo, r_hi = share(part, g.oh, S)
-    y0, rows_in = Const(0), Const(p.hp)
-    if S > 1:
         y0 = simplify(r_lo * g.sh)
         rows_in = simplify(Bin("min", Const(p.hp), (r_hi - 1) * g.sh + ((g.kh - 1) * g.dh + 1)) - y0)
     nci = Bin("min", Const(cbi), Const(g.ci) - blk * cbi) if g.ci % cbi else Const(cbi)
