@@ -15,7 +15,7 @@ from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
 from dlcc.lower.lir import MICRO, Buf, Layout, print_func, verify_func
 from dlcc.lower.micro import DCONV_PAD, dconv_micro, dwc_micro, nchwc_micro
-from dlcc.schedule.direct import direct_func, pack_direct, plan_direct, reads_in_place
+from dlcc.schedule.direct import direct_func, flat_tiles, pack_direct, plan_direct, reads_in_place
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import runnable_targets
@@ -35,6 +35,8 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (1, 16, 20, 20, 32, 3, 1, 8, 8, 2),  # dilation 8 on 20 columns: row and column segments of 2, 3, 2 taps
     (1, 16, 8, 8, 32, 3, 1, 12, 12, 1),  # dilation past the plane: only the centre tap reaches it, no zero ring
     (1, 16, 4, 4, 16, 3, 1, 1, 5, 1),  # padding past the kernel: border outputs read only the ring (kept)
+    (1, 24, 14, 14, 40, 3, 2, 1, 1, 2),  # 16 registers: flat tiles over the 7 x 7 plane (4 of 6 pixels, 5 of 5)
+    (2, 16, 9, 7, 16, 3, 1, 2, 2, 1),  # 16 registers: flat tiles with dilation along the row, two images
 ]
 
 
@@ -60,6 +62,8 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
     oh, ow = ref.shape[2:]
     g = ConvGeometry(ci, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
     p = plan_direct(co, g, n, get_target(target), threads)
+    if target == "x86-64-v3" and (ci, h, w) in ((24, 14, 14), (16, 9, 7)):
+        assert p.flat and p.order == "plane"
     assert p.order == {id(SMALL_L2): "chunks", id(SMALL_L3): "sweep"}.get(
         id(target), p.order if p.order not in ("chunks", "sweep") else "")
     wpk = pack_direct(wt, p)
@@ -102,6 +106,12 @@ def test_direct_plan_tiles_and_order():
     g7 = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)
     p = plan_direct(512, g7, 1, v4, 2)
     assert (p.no, p.px, p.order, p.threads) == (32, 7, "plane", 2)  # channel tiles outside, each a 7x7 plane
+    assert not p.flat  # (32 registers: its tiles fill the rows)
+    # 16 registers: 2 x 6 tiles along the 49 pixels as one row (4 of 6 pixels, 5 of 5), not 1 x 7 along the rows
+    p = plan_direct(512, g7, 1, v3, 2)
+    assert (p.no, p.px, p.order, p.flat, flat_tiles(49, 6)) == (16, 6, "plane", True, (9, 4, 5))
+    assert not plan_direct(64, g56, 1, v3).flat  # (56-wide rows, "rows" order: a row at a time)
+    assert not plan_direct(512, g7, 1, dataclasses.replace(v3, vector_registers=32)).flat
     # (2 x 7 tiles, 16 of them: 8 per thread; see test_threads_split_channel_tiles_evenly)
 
 
@@ -179,6 +189,66 @@ def test_direct_micro_kernels_match_their_contracts(target):
                     fn(x.ctypes.data_as(ptr), xc, xh, nci, y0, y1 - y0, got.ctypes.data_as(ptr))
                     np.testing.assert_array_equal(got, want)
                     assert (got[(y1 - y0) * wp * cbi:] == 7.0).all()  # nothing past the rows written
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_flat_direct_tiles_match_their_contract(target):
+    """dconv_..._q{ow}_{rowstep}: a tile's pixels q0 .. q0 + px - 1 of a plane taken as one row, crossing output
+    rows (q0 = 3 on rows of 4), with a stride, a dilation along the row, a prefetch, accumulation and pixel-major
+    stores, against the contract's reference; nothing beyond the tile written."""
+    t = get_target(target)
+    rng = np.random.default_rng(13)
+    L = t.lanes
+    cases = [  # no, px, kh, kw, sw, dh, dw, ow, q0, accumulate, pixel_major, prefetch
+        (2 * L, 6, 3, 3, 1, 1, 1, 4, 3, False, False, 0),
+        (2 * L, 5, 3, 3, 2, 1, 1, 7, 5, False, True, 2),
+        (L, 4, 3, 2, 1, 2, 2, 3, 2, True, False, 0),
+        (L, 7, 1, 1, 1, 1, 1, 5, 0, True, True, 1),
+    ]
+    src = PRELUDE + vector_helpers(L) + "\n"
+    built = []
+    for no, px, kh, kw, sw, dh, dw, ow, q0, acc, pm, pf in cases:
+        cbi = L
+        rows = (q0 + px - 1) // ow + 1  # output rows the tile reaches
+        xrow = ((ow - 1) * sw + (kw - 1) * dw + 1) * cbi + 3
+        xcb = ((rows - 1) * sw + (kh - 1) * dh + 1) * xrow + 5
+        name = dconv_micro(no, px, cbi, kh, kw, sw, dh, dw, xcb, xrow, accumulate=acc, pixel_major=pm, prefetch=pf,
+                           flat=(ow, sw * xrow))
+        assert f"_q{ow}_{sw * xrow}" in name and [n for n, _ in MICRO[name].params][5] == "q0"
+        fp = f"{name}(ncb, x, w, c, ldc, q0{', w' if pf else ''})"
+        src += micro_c(name, L) + (f"void w_{name}(int64_t ncb, const float* x, const float* w, float* c, "
+                                   f"int64_t ldc, int64_t q0) {{ dlcc_uk_{fp}; }}\n")
+        built.append((name, no, px, cbi, kh, kw, xcb, q0, pm))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for name, no, px, cbi, kh, kw, xcb, q0, pm in built:
+            ncb = 2
+            x = rng.standard_normal(ncb * xcb).astype(np.float32)
+            w = rng.standard_normal(ncb * kh * kw * cbi * no).astype(np.float32)
+            ldc = max(px + DCONV_PAD, no) + 2
+            size = (px if pm else no) * ldc
+            scal = {"ncb": ncb, "ldc": ldc, "q0": q0}
+            fpx = MICRO[name].footprint(scal)["x"]
+            assert fpx[2] <= x.size  # (the contract's reach: what the buffer was sized for)
+            want = rng.standard_normal(size).astype(np.float32)
+            got = want.copy()
+            MICRO[name].reference({"x": x, "w": w, "c": want}, {"x": 0, "w": 0, "c": 0}, scal)
+            fn = getattr(lib, f"w_{name}")
+            fn.argtypes = [i64, ptr, ptr, ptr, i64, i64]
+            before = got.copy()
+            fn(ncb, x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, q0)
+            mask = np.zeros(size, bool)
+            for o in range(no):
+                for q in range(px):
+                    mask[q * ldc + o if pm else o * ldc + q] = True
+            np.testing.assert_allclose(got[mask], want[mask], rtol=1e-5, atol=1e-4)
+            if pm:
+                assert (got[~mask] == before[~mask]).all()  # (pixel-major: only the tile's elements)
+            else:
+                rest = np.ones((no, ldc), bool)
+                rest[:, :px + DCONV_PAD] = False
+                assert (got.reshape(no, ldc)[rest] == before.reshape(no, ldc)[rest]).all()
 
 
 @pytest.mark.parametrize("target", runnable_targets())

@@ -40,7 +40,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)(?:_f(\d+)x(\d+))?$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
-_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_f(\d+))?$")
+_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_q(\d+)_(\d+))?(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?(?:_f(\d+)x(\d+))?$")
@@ -60,7 +60,8 @@ def micro_c(name: str, lanes: int) -> str:
     m = _DCONV.match(name)
     if m is not None:
         return _dconv(name, int(m.group(3)), int(m.group(4)), *(int(v) for v in m.group(5).split("_")), lanes=lanes,
-                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)), prefetch=int(m.group(6) or 0))
+                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)), prefetch=int(m.group(8) or 0),
+                      flat=(int(m.group(6)), int(m.group(7))) if m.group(6) else None)
     m = _NCHWC.match(name)
     if m is not None:
         return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)),
@@ -455,14 +456,16 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
 
 def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
            wskip: int, kwf: int | None = None, *, lanes: int, accumulate: bool = False,
-           pixel_major: bool = False, prefetch: int = 0) -> str:
+           pixel_major: bool = False, prefetch: int = 0, flat: tuple[int, int] | None = None) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
     transposed in registers (``_transpose_store``) into ``c``, channel-major, or with ``pixel_major`` stored
     as held (pixel p at ``c + p*ldc``). Without dilation along the row, a kernel row's taps and channels are
     one run of kw*cbi consecutive inputs per pixel. ``prefetch``: that many lines from ``pf`` prefetched per channel
-    block (GCC and Clang; elsewhere ``pf`` is unread)."""
+    block (GCC and Clang; elsewhere ``pf`` is unread). ``flat`` (ow, rowstep): the pixels are q0 .. q0 + px - 1 of a
+    plane taken as one row, each pixel's input through its own pointer (set once per call), the taps' and
+    blocks' offsets shared."""
     if no % lanes:
         raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
     nv = no // lanes
@@ -470,18 +473,27 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     inner = [f"const dlcc_vf w{j} = dlcc_vf_load(w + {j * lanes});" for j in range(nv)]
     for p in range(px):
         fmas = " ".join(f"{acc[j][p]} += w{j} * xv;" for j in range(nv))
-        inner.append(f"{{ const float xv = xp[{p * sw * cbi} + i]; {fmas} }}")
+        load = f"x{p}[o + i]" if flat is not None else f"xp[{p * sw * cbi} + i]"
+        inner.append(f"{{ const float xv = {load}; {fmas} }}")
     inner.append(f"w += {no};")
     lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
     lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
+    if flat is not None:  # (each pixel's input pointer; the loops below move one offset o shared by all of them)
+        ow, rowstep = flat
+        lines += [f"const float* restrict x{p} = x + ((q0 + {p}) / {ow}) * {rowstep} "
+                  f"+ ((q0 + {p}) % {ow}) * {sw * cbi};" for p in range(px)]
     body = indent("\n".join(inner), 3)
+    if flat is not None:
+        at = f"b * {xcb} + ky * {dh * xrow}" + (f" + kx * {dw * cbi}" if dw != 1 else "")
+        head = f"        const int64_t o = {at};\n"
+    else:
+        at = f"x + b * {xcb} + ky * {dh * xrow}" + (f" + kx * {dw * cbi}" if dw != 1 else "")
+        head = f"        const float* restrict xp = {at};\n"
     if dw == 1:
-        taps = (f"    {{\n        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow};\n"
-                f"        for (int64_t i = 0; i < {kw * cbi}; ++i) {{\n{body}\n        }}\n    }}")
+        taps = f"    {{\n{head}        for (int64_t i = 0; i < {kw * cbi}; ++i) {{\n{body}\n        }}\n    }}"
     else:
         taps = (f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{\n"
-                f"        const float* restrict xp = x + b * {xcb} + ky * {dh * xrow} + kx * {dw * cbi};\n"
-                f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
+                f"{head}        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
     skip = f"\n    w += {wskip};" if wskip else ""
     kwf = kw if kwf is None else kwf
     if kwf != kw:  # the kernel columns of each row this tile does not read
@@ -505,7 +517,7 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
             lines.append("{\n" + indent(_transpose_store(rows, lanes, f"c + {j * lanes} * ldc + {pb}", accumulate))
                          + "\n}")
     attr = "DLCC_NO_PCOM " if cbi < lanes else ""  # (cbase.vector_helpers)
-    pfp = ", const float* restrict pf" if prefetch else ""
+    pfp = (", int64_t q0" if flat is not None else "") + (", const float* restrict pf" if prefetch else "")
     return (f"{attr}static void dlcc_uk_{name}(int64_t ncb, const float* restrict x, const float* restrict w, "
             f"float* restrict c, int64_t ldc{pfp}) {{\n{indent(chr(10).join(lines))}\n}}\n")
 

@@ -25,6 +25,9 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         c[o*ldc + p] for px <= p < px + 16 may be overwritten (the tile is stored as whole vectors), so
         ldc >= px + 16. ``wskip``: weights after each channel block's kh kernel rows that are not read (the
         kernel rows of a convolution that no output row of this tile reaches inside the input).
+        ..._q{ow}_{rowstep}(ncb, x, w, c, ldc, q0): the tile's pixels are q0 + p of a plane ``ow`` wide taken as one
+        row (crossing output rows): (p*sw + kx*dw)*cbi above becomes ((q0 + p)/ow)*rowstep + ((q0 + p)%ow)*sw*cbi
+        + kx*dw*cbi.
 
     dwc_{cbi}_{px}_{kh}_{kw}_{sw}_{dh}_{dw}_{xrow}(x, w, c, ldc)
         one register tile of a depthwise convolution over a channel block of ``cbi`` channels (the vector width,
@@ -221,7 +224,7 @@ DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a wh
 
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
                 wskip: int = 0, kwf: int | None = None, accumulate: bool = False, pixel_major: bool = False,
-                prefetch: int = 0) -> str:
+                prefetch: int = 0, flat: tuple[int, int] | None = None) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring). ``kwf``: the
     packed weight's kernel width when the tile reads only ``kw`` of its columns (a row's pixels that only those
@@ -231,19 +234,33 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     channels-last output). ``prefetch`` (name ending ``_f{prefetch}``, one more parameter ``pf``): per block of input
     channels, that many 64-byte lines from ``pf`` on are prefetched (``pf + 16*(b*prefetch + j)``), which no value
     depends on: the next output-channel tile's weights, fetched from memory a few lines at a time while this tile
-    computes (``schedule.direct``)."""
+    computes (``schedule.direct``). ``flat`` (name ending ``_q{ow}_{rowstep}`` before any ``_f``, one more
+    parameter ``q0`` after ``ldc``): the tile's pixels are pixels q0 .. q0 + px - 1 of an output plane ``ow``
+    wide taken as one row (they may span output rows), pixel q's input at ``(q / ow)*rowstep + (q % ow)*sw*cbi``
+    from ``x`` (``rowstep``: floats between the inputs of consecutive output rows), so a small plane (7 x 7) runs
+    whole tiles where its rows alone would leave a short one."""
     kwf = kw if kwf is None else kwf
     geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip) + ((kwf,) if kwf != kw else ())
     name = f"dconv{'a' if accumulate else ''}{'p' if pixel_major else ''}_{no}x{px}_" + "_".join(str(v) for v in geo)
+    if flat is not None:
+        name += f"_q{flat[0]}_{flat[1]}"
     if prefetch:
         name += f"_f{prefetch}"
     wcb = kh * kwf * cbi * no + wskip  # weights per channel block
     if name in MICRO:
         return name
 
+    def pix(p: int, s: dict[str, int]) -> int:
+        """Floats from ``x`` to the input of the tile's pixel p."""
+        if flat is None:
+            return p * sw * cbi
+        q = s["q0"] + p
+        return (q // flat[0]) * flat[1] + (q % flat[0]) * sw * cbi
+
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
-        span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
+        reach = max(pix(p, s) for p in range(px)) if flat is not None else (px - 1) * sw * cbi  # (q0's bound)
+        span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + reach + ((kw - 1) * dw + 1) * cbi
         out = {"x": (1, 0, span), "w": (1, 0, (ncb - 1) * wcb + ((kh - 1) * kwf + kw) * cbi * no),
                "c": (px, s["ldc"], no) if pixel_major else (no, s["ldc"], px + DCONV_PAD)}
         if prefetch:
@@ -260,7 +277,7 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
             for ky in range(kh):
                 for kx in range(kw):
                     for p in range(px):
-                        at = xo + b * xcb + ky * dh * xrow + (p * sw + kx * dw) * cbi
+                        at = xo + b * xcb + ky * dh * xrow + pix(p, s) + kx * dw * cbi
                         acc[p] += x[at:at + cbi].astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
         c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
         for o in range(no):
@@ -269,11 +286,12 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
 
     MICRO[name] = MicroKernel(
         name, (("ncb", "int"), ("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int"))
-        + ((("pf", "in"),) if prefetch else ()),
+        + ((("q0", "int"),) if flat is not None else ()) + ((("pf", "in"),) if prefetch else ()),
         f"c[{'p*ldc + o' if pixel_major else 'o*ldc + p'}] {'+' if accumulate else ''}= sum over {cbi}-channel blocks "
         f"b < ncb and taps of w[...][o] * "
         f"x[b*{xcb} + ky*{dh * xrow} "
-        f"+ (p*{sw} + kx*{dw})*{cbi} + i], o < {no}, p < {px}"
+        + (f"+ ((q0 + p)/{flat[0]})*{flat[1]} + ((q0 + p)%{flat[0]})*{sw * cbi} + kx*{dw * cbi} + i]"
+           if flat is not None else f"+ (p*{sw} + kx*{dw})*{cbi} + i]") + f", o < {no}, p < {px}"
         + (f"; prefetches pf[0 : {16 * prefetch}*ncb]" if prefetch else ""), footprint, reference)
     return name
 

@@ -11,12 +11,13 @@ vector width; all the channels when there are fewer) with a zero ring as wide as
 ``no`` output channels (whole vectors, the weights of one input channel and tap loaded once) by ``px``
 pixels of an output row (each input value broadcast once, feeding no / lanes FMAs): on AVX-512 2 x 16
 channels by 14 pixels (28 accumulators), 4 x 16 by 7 for 7-wide rows; on 16-register targets 2 vectors by
-6 pixels. Each tile runs over every input channel block and tap into a local row of outputs (channel-major),
-and the fused epilogue runs along that row (vectorized); for small planes (a channel tile's plane up to 48 KiB)
-along the tile's whole plane. Output rows are the outer loop while the packed weight stays in L2,
-else output-channel tiles ("sweep": where the input and the weights outgrow half of L3, chunks of input blocks
-outside, the tiles' planes in the workspace); threads split the input blocks (the repacking), then that outer
-loop.
+6 pixels, and on a small plane whose rows that tile divides badly (7 or 14 wide) 2 vectors by 5 or 6 pixels
+of the plane taken as one row (``flat_tiles``: a tile may cross output rows). Each tile runs over every input
+channel block and tap into a local row of outputs (channel-major), and the fused epilogue runs along that row
+(vectorized); for small planes (a channel tile's plane up to 48 KiB) along the tile's whole plane. Output rows
+are the outer loop while the packed weight stays in L2, else output-channel tiles ("sweep": where the input and
+the weights outgrow half of L3, chunks of input blocks outside, the tiles' planes in the workspace); threads
+split the input blocks (the repacking), then that outer loop.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = ["DirectPlan", "direct_func", "direct_pays", "flat_pointwise", "pack_d
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
 CL_BAND_BYTES = 64 * 1024  # channels-last, rows outside: a band of rows of every channel tile up to this size
+FLAT_TILES = True  # register tiles along a small plane taken as one row (``flat_tiles``) where they score better
 BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (plan_direct's balance with threads)
 # bytes between addresses that share an L1 set (32 KiB 8-way, 48 KiB 12-way): a register tile broadcasting from
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
@@ -85,6 +87,7 @@ class DirectPlan:
     # (None), or less where no tap reaches it (``_extent``)
     in_place: bool = False  # the input read where it is, not repacked (``reads_in_place``): no workspace
     band_rows: int = 0  # "rows": at most this many rows per band (0: no bound; ``streams_input``)
+    flat: bool = False  # register tiles along the output plane taken as one row (``flat_tiles``), not along its rows
 
     @property
     def rh(self) -> int:
@@ -303,8 +306,40 @@ def _best_tile(ow: int, co: int, target: Target, max_nv: int = 4) -> tuple[float
     return best
 
 
+def flat_tiles(n: int, px: int) -> tuple[int, int, int]:
+    """The ``n`` pixels of a plane taken as one row in register tiles of at most ``px``: as few tiles as that
+    allows, their sizes as even as possible: (tiles, tiles of the larger size, the smaller size); the larger ones
+    first, one pixel more."""
+    tiles = -(-n // px)
+    small, big = divmod(n, tiles)
+    return tiles, big, small
+
+
+def _flat_tile(g: ConvGeometry, co: int, target: Target, max_nv: int) -> tuple[float, int, int]:
+    """(score, channel vectors, pixels) of the best register tile along the output plane taken as one row
+    (``flat_tiles``: every tile whole, one pixel shorter at most), scored by its shortest tile (``tile_score``);
+    (0, 0, 0) where the plane cannot be taken so: a target with 32 registers (its tiles fill 7-, 14- and 28-wide
+    rows), one row, or rows whose kernel rows or columns reaching inside the input differ (``row_segments``).
+    Zen 3, AVX2, ResNet-50 in the model, alternated, kernel minima at 1 and 2 threads: 512 channels 3x3 at 7 x 7
+    (1 x 7 tiles before, 2 x 6 and 2 x 5 now) 2.96 -> 2.65 and 2.41 -> 1.72 ms; strided to 7 x 7 3.24 -> 2.85 and
+    2.37 -> 2.04; 256 channels strided to 14 x 14 (2 x 5 + 2 x 4 before) 3.09 -> 2.61 and 2.00 -> 1.72; the sum of
+    its kernels 87.6 -> 83.3 and 56.9 -> 54.1 ms."""
+    if (not FLAT_TILES or target.vector_registers >= 32 or g.oh == 1 or row_segments(g) != [(0, g.oh, 0, g.kh)]
+            or col_segments(g) != [(0, g.ow, 0, g.kw)]):
+        return 0.0, 0, 0
+    n, lanes, regs = g.oh * g.ow, target.lanes, target.vector_registers
+    best = (0.0, 0, 0)
+    for nv in range(1, min(max_nv, -(-co // lanes)) + 1):
+        for px in range(min(n, MAX_PX, (regs - 2 - nv) // nv), 1, -1):
+            _, big, small = flat_tiles(n, px)
+            score = min(tile_score(nv, k, k, co, lanes, True) for k in ((small + 1,) if big else ()) + (small,))
+            if (score, px) > (best[0], best[2]):
+                best = (score, nv, px)
+    return best
+
+
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
-                strides: Sequence[int] | None = None, max_nv: int = 4) -> DirectPlan:
+                strides: Sequence[int] | None = None, max_nv: int = 4, flat_ok: bool = True) -> DirectPlan:
     """The register tile: channel vectors x pixels, the best by ``tile_score`` of those that fit the register
     file beside one weight vector per channel vector and the broadcast input (one register; two where the
     FMA cannot take a broadcast from memory, i.e. without AVX-512); 1 to 4 channel vectors (1 only when the
@@ -315,9 +350,14 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     accumulators (ResNet-50's 512 channels at 7 x 7, 2 threads: 11 tiles of 3 x 7 as 6 + 5, 0.63 ms; 16 tiles of
     2 x 7 as 8 + 8, 0.56; at 1 thread within 3% either way)."""
     lanes = target.lanes
-    _, nv, px = _best_tile(g.ow, co, target, max_nv)
+    score, nv, px = _best_tile(g.ow, co, target, max_nv)
     cbi = min(lanes, g.ci)
     inplace = reads_in_place(g, strides, lanes)
+    flat = False
+    if flat_ok and not inplace:  # (the plane as one row where its tiles beat the rows'; kept if the order is "plane")
+        fscore, fnv, fpx = _flat_tile(g, co, target, max_nv)
+        if fscore > score:
+            nv, px, flat = fnv, fpx, True
     (rh, hp), (rw, wp) = _extent(g.oh, g.kh, g.sh, g.dh, g.ph, g.h), _extent(g.ow, g.kw, g.sw, g.dw, g.pw, g.w)
     no = nv * lanes
     t = threads if threads > 1 and 2.0 * batch * co * g.oh * g.ow * g.ci * g.kh * g.kw >= PAR_MIN_FLOPS else 1
@@ -343,7 +383,7 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     if extent[order] < t:
         t = 1
     if t > 1 and order != "rows" and n_oct % t and n_oct < 8 * t and nv > 2:
-        alt = plan_direct(co, g, batch, target, threads, strides, nv - 1)
+        alt = plan_direct(co, g, batch, target, threads, strides, nv - 1, flat_ok)
         if alt.order != "rows" and alt.threads == t and alt.n_oct % t == 0 and \
                 alt.no // lanes * alt.px >= BALANCED_MIN_ACC:
             return alt
@@ -364,11 +404,13 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
             sweep = max(1, (target.l2_bytes // 2) // block_bytes)
             if sweep < ncb:
                 return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t if n_oct >= t else 1, "sweep", sweep,
-                                  (rh, rw), inplace)
+                                  (rh, rw), inplace, flat=flat)
         if chunk < ncb:
-            return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw), inplace)
+            return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, "chunks", chunk, (rh, rw), inplace, flat=flat)
+    if flat and order != "plane":  # (flat tiles fill a whole plane in the local buffer: "plane", "chunks", "sweep")
+        return plan_direct(co, g, batch, target, threads, strides, max_nv, False)
     band_rows = max(1, l2_quarter_rows(target.l2_bytes, 4 * ncb * cbi * g.w)) if streams and order == "rows" else 0
-    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows)
+    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows, flat)
 
 
 def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
@@ -457,13 +499,18 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     # of the next tile's weights a few lines per input block instead (ResNet-50's 512 -> 2048 channels at 7 x 7:
     # 78% -> 98% of the FMA peak for the tile alone with its weights from memory)
     wlen = ncb * g.kh * g.kw * cbi * p.no  # floats of one channel tile's packed weight
-    pf_lines = -(-wlen // (16 * ncb * g.oh)) if order in ("plane", "oc") and p.n_oct > 1 else 0
+    ntiles, nbig, small = flat_tiles(g.oh * g.ow, p.px) if p.flat else (0, 0, 0)
+    calls = ntiles if p.flat else g.oh  # register tiles of a channel tile that share the prefetching
+    pf_lines = -(-wlen // (16 * ncb * calls)) if order in ("plane", "oc") and p.n_oct > 1 else 0
     planes0 = p.input_floats  # ("sweep": every channel tile's plane in the workspace after the repacked input)
 
-    def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk) -> Stmt:
+    def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk, q0: Expr | None = None,
+             call: Expr | None = None) -> Stmt:
         """The register tile at column x0 over kernel rows [k0, k1) and columns [j0, j1) (the others reach only
-        the zero ring), over all input blocks or the chunk's."""
-        xoff = b * block + (oy * g.sh + (k0 * g.dh + p.rh - g.ph)) * (p.wp * cbi) + x0 * (g.sw * cbi)
+        the zero ring), over all input blocks or the chunk's; ``q0`` (flat tiles): at pixel q0 of the plane taken
+        as one row instead, the tile's ``call``-th of the channel tile's."""
+        row = Const(0) if q0 is not None else oy
+        xoff = b * block + (row * g.sh + (k0 * g.dh + p.rh - g.ph)) * (p.wp * cbi) + x0 * (g.sw * cbi)
         if p.rw != g.pw:
             xoff = xoff + (p.rw - g.pw) * cbi
         if j0:
@@ -476,7 +523,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             cb0, nblk, accumulate = chunked
             xoff = xoff + cb0 * (p.batch * block)
             woff = woff + cb0 * (g.kh * per_row)
-        at = simplify(at0 + x0)
+        at = simplify(at0 + x0) if q0 is None else q0
         where = (at, simplify(oct * p.no) if wide else Const(0)) if cl else (Const(0), at)
         ahead = pf_lines if chunked is None else 0
         if p.in_place:  # (1x1, unpadded: the tile's pixels in the input itself, a block cbi floats on)
@@ -488,14 +535,16 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         else:
             uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
                              (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl,
-                             prefetch=ahead)
+                             prefetch=ahead, flat=(g.ow, g.sh * p.wp * cbi) if q0 is not None else None)
             xin = Ptr(ws, (simplify(xoff),))
         dest = Ptr(ws, (simplify(planes0 + oct * (p.no * ldc) + at),)) if sweep else Ptr(acc, where)
         args = (simplify(nblk), xin, Ptr(wp, (oct, simplify(woff))), dest, Const(ldc))
-        if ahead:  # this row's share of the next channel tile's weights (the last tile: its own again)
+        if q0 is not None:
+            args += (q0,)
+        if ahead:  # this row's (tile's) share of the next channel tile's weights (the last tile: its own again)
             span = 16 * ahead * ncb
             nxt = simplify(Bin("min", oct + 1, Const(p.n_oct - 1)))
-            args += (Ptr(wp, (nxt, simplify(Bin("min", oy * span, Const(wlen - span))))),)
+            args += (Ptr(wp, (nxt, simplify(Bin("min", (oy if call is None else call) * span, Const(wlen - span))))),)
         return Micro(uk, args)
 
     def tiles(k0: int, k1: int, chunked: Chunk) -> tuple[Stmt, ...]:
@@ -509,9 +558,22 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
                 out += (tile(Const(x0 + full * p.px), tail, k0, k1, j0, j1, chunked),)
         return out
 
+    def flat(chunked: Chunk) -> tuple[Stmt, ...]:
+        """The whole plane as one row (``flat_tiles``: ``nbig`` tiles of small + 1 pixels, then small ones)."""
+        out: tuple[Stmt, ...] = ()
+        for first, count, size in ((0, nbig, small + 1), (nbig, ntiles - nbig, small)):
+            if count:
+                call = simplify(xt + first)
+                q0 = simplify(xt * size + first * (small + 1))
+                out += (For(xt, Const(0), Const(count), (tile(Const(0), size, 0, g.kh, 0, g.kw, chunked, q0, call),)),)
+        return out
+
     def rows(lo: Expr, hi: Expr, body: Callable[[tuple[Stmt, ...]], tuple[Stmt, ...]],
              chunked: Chunk = None) -> tuple[Stmt, ...]:
-        """Output rows [lo, hi), split where the kernel rows that reach inside the input change."""
+        """Output rows [lo, hi), split where the kernel rows that reach inside the input change (flat tiles:
+        the whole plane, ``body`` not applied: only the orders with the whole plane in the buffer take them)."""
+        if p.flat:
+            return flat(chunked)
         out: tuple[Stmt, ...] = ()
         for s0, s1, k0, k1 in row_segments(g):
             a, z = simplify(Bin("max", lo, Const(s0))), simplify(Bin("min", hi, Const(s1)))
