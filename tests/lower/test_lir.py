@@ -290,6 +290,17 @@ def test_gemm_plans_for_each_target():
     assert os.cpu_count()
 
 
+def test_gemm_threads_split_rows_unless_columns_save_the_packing():
+    """Two threads: by rows, each packing only its rows of A, unless splitting the columns leaves the busiest
+    thread less work with every row packed (a few row micro-panels against many column ones)."""
+    v3 = get_target("x86-64-v3")
+    # ConvNeXt's 784 x 768 -> 192: 157 row micro-panels of 12 columns ones; 157 x 6 tiles by columns are fewer than
+    # 79 x 12 by rows, but then each thread packs all 157 row micro-panels
+    assert (plan_gemm(784, 192, 768, v3, 2).tm, plan_gemm(784, 192, 768, v3, 2).tn) == (2, 1)
+    assert (plan_gemm(32, 2304, 768, v3, 2).tm, plan_gemm(32, 2304, 768, v3, 2).tn) == (1, 2)  # 7 rows of 144
+    assert (plan_gemm(128, 768, 768, v3, 2).tm, plan_gemm(128, 768, 768, v3, 2).tn) == (2, 1)
+
+
 @pytest.mark.parametrize("m,n,k,batch,tm,tn", [(30, 40, 50, 1, 1, 1), (30, 140, 150, 2, 1, 2), (3, 70, 20, 1, 1, 2),
                                                (29, 64, 33, 2, 1, 1), (40, 20, 16, 1, 2, 1)])
 def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn):

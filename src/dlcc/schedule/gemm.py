@@ -149,6 +149,7 @@ def tile_rows(m: int, mr_max: int, no_one_row_tail: bool = False) -> int:
     return min(mr, max(1, m))
 
 
+PACK_TILES = 1  # packing a row micro-panel of A costs about this many tiles (plan_gemm's thread split)
 SMALL_WS_BYTES = 16 * 1024  # a thread's packed rows of A this small: threads from PAR_MIN_FLOPS (plan_gemm)
 
 
@@ -166,10 +167,14 @@ def plan_gemm(m: int, n: int, k: int, target: Target, threads: int = 1) -> GemmP
     # few KB (a classifier's one row: ShuffleNet's 544 -> 1000, MobileNetV3-Small's 576 -> 1024)
     small = 4 * row_blocks * mr * kc <= SMALL_WS_BYTES
     if threads > 1 and 2.0 * m * n * k >= (PAR_MIN_FLOPS if small else PAR_MIN_FLOPS_WS):
-        # the split whose busiest thread has the fewest tiles, rows first on a tie (each thread then packs only
-        # its rows of A): 3 row micro-panels of 72 column panels (BERT at sequence 32) go by columns
+        # the split whose busiest thread has the least work: its tiles, and packing its row micro-panels of A
+        # (each about a tile's time: a transposing copy; split by columns, every thread packs every row), rows
+        # first on a tie: 3 row micro-panels of 72 column panels (BERT at sequence 32) go by columns; 157 of 12
+        # (ConvNeXt's 784 x 768 -> 192) by rows, where 157 x 6 tiles by columns are fewer than 79 x 12 but each
+        # thread packed all of A, 2.4 MB (Zen 3, AVX2, 2 threads, alternated in the model: minima equal within the
+        # host's noise, medians 2.78 -> 2.37 ms)
         tm, tn = min([(threads, 1), (1, min(threads, panels))],
-                     key=lambda s: -(-row_blocks // s[0]) * -(-panels // s[1]))
+                     key=lambda s: -(-row_blocks // s[0]) * (-(-panels // s[1]) + PACK_TILES))
     return GemmPlan(m, n, k, mr, nr, kc, nc, tm, tn)
 
 
