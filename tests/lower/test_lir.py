@@ -4,6 +4,7 @@
 import ctypes
 import dataclasses
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -195,7 +196,8 @@ def test_prefetching_gemm_micro_kernels_compute_the_same(target):
     nr = plan_gemm(64, 64, 64, t, 1).nr
     rng = np.random.default_rng(3)
     pairs = [(gemm_micro(4, nr), gemm_micro(4, nr, (2, 5)), None), (gemm_micro(3, nr), gemm_micro(3, nr, (1, 3)), None),
-             (gemmr_micro(2, nr, 19), gemmr_micro(2, nr, 19, (4, 2)), 19)]
+             (gemmr_micro(2, nr, 19), gemmr_micro(2, nr, 19, (4, 2)), 19),
+             (gemmt_micro(3, nr), gemmt_micro(3, nr, (2, 4)), None)]  # (stored transposed)
     src = PRELUDE + vector_helpers(t.lanes) + "\n"
     for plain, ahead, _ in pairs:
         assert ahead.startswith(plain + "_f") and MICRO[ahead].params[-1] == ("pf", "in")
@@ -214,7 +216,7 @@ def test_prefetching_gemm_micro_kernels_compute_the_same(target):
             b = rng.standard_normal(kc * nr).astype(np.float32)
             out = []
             for name in (plain, ahead):
-                c = np.full(mr * (nr + 3), 7.0, np.float32)
+                c = np.full(max(mr, nr) * (nr + 3), 7.0, np.float32)
                 fn = getattr(lib, f"w_{name}")
                 fn.argtypes = [i64, ptr, ptr, ptr, i64, i64, i64]
                 fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), c.ctypes.data_as(ptr), nr + 3, 0, nr)
@@ -411,6 +413,35 @@ def test_conv_gemm_loop_ir_matches_numpy(n, c, h, w, co, k, s, d, pad, threads):
     seen = []
     run_func(f, {"x": x.ravel().copy(), "wp": pack_b(wt.reshape(co, -1).T.copy(), p.nr).ravel(), "c": out},
              lambda i, v: seen.append(i))
+    np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_gemm_prefetches_the_next_column_block(threads):
+    """An im2col GEMM whose packed weight (K block by K block) outgrows half of L2 and is blocked by columns:
+    every tile prefetches its share of the next column block (``gemmt_..._f``), inside the weight (verified), and
+    the results are numpy's; with the L2 unknown, no prefetching."""
+    rng = np.random.default_rng(6)
+    n, c, h, w, co = 1, 16, 12, 12, 70
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, c, 3, 3)).astype(np.float32)
+    ref = _conv_ref(x, wt, (1, 1), (1, 1), (1, 1))
+    g = ConvGeometry(c, h, w, h, w, 3, 3, 1, 1, 1, 1, 1, 1)
+    p = plan_gemm_conv(co, g, n, TINY, threads)
+    bp = pack_b(wt.reshape(co, -1).T.copy(), p.nr, p.kc)
+    assert p.nc < p.col_panels and 4 * bp.size > TINY.l2_bytes // 2 and p.threads == threads
+    xb = Buf("x", "float32", Layout.strided((n, c, h, w)))
+    wp = Buf("wp", "float32", Layout.strided(bp.shape))
+    cb = Buf("c", "float32", Layout.strided((n, co, h * w)))
+    ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
+    assert "_f" not in print_func(gemm_func_conv(p, g, xb, wp, cb, ws, True))
+    f = gemm_func_conv(p, g, xb, wp, cb, ws, True, target_l2=TINY.l2_bytes)
+    assert re.search(r"gemmt_\d+x\d+_f\d+x\d+\(", print_func(f))
+    verify_func(f)
+    out = np.full(n * co * h * w, np.nan, np.float32)
+    seen = []
+    run_func(f, {"x": x.ravel().copy(), "wp": bp.copy(), "c": out}, lambda i, v: seen.append(i))
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size
 

@@ -103,7 +103,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
     before the store, as selects on comparison masks (a NaN passes, as in the elementwise chain's helpers).
     ``prefetch`` (step, lines): every step-th k of the first step*lines prefetches one line of ``pf`` (GCC, Clang).
     """
-    if prefetch is not None and (transposed or split or mr == 1 or prefetch[0] & (prefetch[0] - 1)):
+    if prefetch is not None and (split or mr == 1 or prefetch[0] & (prefetch[0] - 1)):
         raise ValueError(f"gemm micro-kernel: no prefetching variant {prefetch} of this tile")
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")

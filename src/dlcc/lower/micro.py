@@ -7,7 +7,8 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         for r < mr, j < ncols (<= nr). ``a`` is a packed A micro-panel (kc x mr, k-major), ``b`` a packed
         B micro-panel (kc x nr, k-major; columns at or beyond ncols are never stored).
 
-    gemm_{mr}x{nr}_f{step}x{lines}(kc, a, b, c, ldc, acc, ncols, pf), gemmr_..._f{step}x{lines}(...)
+    gemm_{mr}x{nr}_f{step}x{lines}(kc, a, b, c, ldc, acc, ncols, pf), gemmr_..._f{step}x{lines}(...),
+    gemmt_..._f{step}x{lines}(...)
         the same, and every step-th k < step*lines prefetches one 64-byte line of pf (pf + 16*(k/step)).
 
     gemmt_{mr}x{nr}(kc, a, b, c, ldc, acc, ncols)
@@ -90,9 +91,10 @@ def gemm_micro(mr: int, nr: int, prefetch: tuple[int, int] | None = None) -> str
     return _gemm_contract(mr, nr, transposed=False, prefetch=prefetch)
 
 
-def gemmt_micro(mr: int, nr: int) -> str:
-    """The mr x nr GEMM micro-kernel that stores its tile transposed, registering its contract."""
-    return _gemm_contract(mr, nr, transposed=True)
+def gemmt_micro(mr: int, nr: int, prefetch: tuple[int, int] | None = None) -> str:
+    """The mr x nr GEMM micro-kernel that stores its tile transposed, registering its contract. ``prefetch``:
+    see ``_gemm_contract``."""
+    return _gemm_contract(mr, nr, transposed=True, prefetch=prefetch)
 
 
 def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
@@ -100,8 +102,6 @@ def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
     """``prefetch`` (step, lines; name ending ``_f{step}x{lines}``, one more parameter ``pf``): every ``step``-th k
     prefetches the next of ``lines`` 64-byte lines from ``pf`` on (k < step*lines), which no value depends on (the
     B block the GEMM reads next, a few lines per call while this one computes: ``schedule.gemm``)."""
-    if prefetch is not None and transposed:
-        raise ValueError("gemm micro-kernel: a transposed tile does not prefetch")
     name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
     if prefetch is not None:
         name += f"_f{prefetch[0]}x{prefetch[1]}"

@@ -279,8 +279,8 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
     cb = Buf(c.ptr, "float32", Layout.strided((N, M, P), (M * P, P, 1), c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
     trivial = call.direct and bref is None
-    f = gemm_func_conv(plan, g, x, wp, cb, wsb, not trivial, fresh=names)
-    _verify_conv_once(plan, g, xref.shape, xref.strides, not trivial, ws.size)
+    f = gemm_func_conv(plan, g, x, wp, cb, wsb, not trivial, fresh=names, target_l2=call.target.l2_bytes)
+    _verify_conv_once(plan, g, xref.shape, xref.strides, not trivial, ws.size, call.target.l2_bytes)
     outs = [g.oh, g.ow]
 
     def store(idx, v):
@@ -373,13 +373,13 @@ def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan,
 
 @functools.lru_cache(maxsize=256)
 def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], strides: tuple[int, ...],
-                      epilogue: bool, ws_floats: int) -> None:
+                      epilogue: bool, ws_floats: int, target_l2: int | None = None) -> None:
     """verify_func on the loop IR of ``plan`` (the same for every convolution with this geometry)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wp = Buf("w", "float32", Layout.strided((plan.col_panels * plan.k * plan.nr,)))  # (K block by K block)
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.n, plan.m)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue))
+    verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue, target_l2=target_l2))
 
 
 def _pointwise_depthwise(call: TemplateCall) -> str:
