@@ -483,12 +483,9 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
         lines += [f"const float* restrict x{p} = x + ((q0 + {p}) / {ow}) * {rowstep} "
                   f"+ ((q0 + {p}) % {ow}) * {sw * cbi};" for p in range(px)]
     body = indent("\n".join(inner), 3)
-    if flat is not None:
-        at = f"b * {xcb} + ky * {dh * xrow}" + (f" + kx * {dw * cbi}" if dw != 1 else "")
-        head = f"        const int64_t o = {at};\n"
-    else:
-        at = f"x + b * {xcb} + ky * {dh * xrow}" + (f" + kx * {dw * cbi}" if dw != 1 else "")
-        head = f"        const float* restrict xp = {at};\n"
+    at = f"b * {xcb} + ky * {dh * xrow}" + (f" + kx * {dw * cbi}" if dw != 1 else "")
+    decl = f"const int64_t o = {at};" if flat is not None else f"const float* restrict xp = x + {at};"
+    head = f"        {decl}\n"
     if dw == 1:
         taps = f"    {{\n{head}        for (int64_t i = 0; i < {kw * cbi}; ++i) {{\n{body}\n        }}\n    }}"
     else:

@@ -567,12 +567,10 @@ def _tiles(p: GemmPlan, ib: Var, jp: Var, pc: Var, r: Var, j: Var, lead: tuple[E
     def tile(mr: int) -> tuple[Stmt, ...]:
         acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
         cptr = Ptr(c, (*lead, jp * NR, ib * MR) if transposed else (*lead, ib * MR, jp * NR))
-        if ahead is not None:
-            name = (gemmt_micro if transposed else gemm_micro)(mr, NR, ahead[0])
-            call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols, ahead[1]))
-        else:
-            name = gemmr_micro(mr, NR, lda) if lda is not None else (gemmt_micro if transposed else gemm_micro)(mr, NR)
-            call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols))
+        pf = ahead[0] if ahead is not None else None
+        name = gemmr_micro(mr, NR, lda, pf) if lda is not None else \
+            (gemmt_micro if transposed else gemm_micro)(mr, NR, pf)
+        call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols, *((ahead[1],) if ahead is not None else ())))
         if not epilogue:
             return (call,)
         if not N % NR:
