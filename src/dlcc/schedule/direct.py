@@ -62,6 +62,8 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
 # in place from 512 channels-last channels: 0.87 -> 0.97 ms)
 L1_WAY_BYTES = 4096
+L1_CHUNK_MIN = 3  # (l1_chunk: from a channel tile's weights of this many L1s on)
+L1_CHUNKS = True  # a row's register tiles in passes over chunks of input blocks whose weights stay in L1 (``l1_chunk``)
 GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
 GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
 
@@ -88,6 +90,8 @@ class DirectPlan:
     in_place: bool = False  # the input read where it is, not repacked (``reads_in_place``): no workspace
     band_rows: int = 0  # "rows": at most this many rows per band (0: no bound; ``streams_input``)
     flat: bool = False  # register tiles along the output plane taken as one row (``flat_tiles``), not along its rows
+    kchunk: int = 0  # "rows", "oc", "plane": input channel blocks per pass of a row's (the plane's) register tiles,
+    # whose weights stay in L1 while the tiles run along it, the later passes added (``l1_chunk``); 0: one pass
 
     @property
     def rh(self) -> int:
@@ -338,6 +342,27 @@ def _flat_tile(g: ConvGeometry, co: int, target: Target, max_nv: int) -> tuple[f
     return best
 
 
+def l1_chunk(g: ConvGeometry, cbi: int, no: int, target: Target) -> int:
+    """Input channel blocks per pass of a row's (a flat plane's) register tiles (``DirectPlan.kchunk``), or 0 for
+    one pass. Each register tile runs over all input blocks, so a channel tile's weights stream from L2 once per
+    tile; where they are several times L1 (``L1_CHUNK_MIN``; ResNet-50's 512 channels 3x3: 288 KiB) the row's
+    tiles go in passes over chunks of blocks whose weights stay in half of L1, each pass adding to what the
+    earlier ones stored. Zen 3, AVX2, ResNet-50 in the model, alternated in both orders, kernel minima at 1 / 2
+    threads: 512 channels 3x3 strided into 7 x 7 2.94 -> 2.67 / 1.59 -> 1.45 ms, at 7 x 7 2.67 -> 2.60, 256 strided
+    into 14 x 14 2.64 -> 2.57. Only convolutions with more than one tap: a 1x1's 2048 -> 512 at 7 x 7 gained 4%
+    at 1 thread and lost 4% at 2, and those with 32 to 72 KiB of tile weights (512 -> 128 1x1 at 28 x 28, 128
+    channels 3x3 strided) lost 2-5%. Only on 16-register targets, where it was measured (32 registers: tiles of
+    28 accumulators, whose loads and stores per pass weigh more; not measured)."""
+    ncb = -(-g.ci // cbi)
+    tile_w = 4 * cbi * g.kh * g.kw * no  # bytes of one input block's weights for one channel tile
+    per = max(1, (target.l1d_bytes // 2) // tile_w)
+    if (not L1_CHUNKS or target.vector_registers >= 32 or g.kh * g.kw == 1
+            or ncb * tile_w <= L1_CHUNK_MIN * target.l1d_bytes or per >= ncb):
+        return 0
+    passes = -(-ncb // per)
+    return -(-ncb // passes)
+
+
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
                 strides: Sequence[int] | None = None, max_nv: int = 4, flat_ok: bool = True) -> DirectPlan:
     """The register tile: channel vectors x pixels, the best by ``tile_score`` of those that fit the register
@@ -410,7 +435,8 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     if flat and order != "plane":  # (flat tiles fill a whole plane in the local buffer: "plane", "chunks", "sweep")
         return plan_direct(co, g, batch, target, threads, strides, max_nv, False)
     band_rows = max(1, l2_quarter_rows(target.l2_bytes, 4 * ncb * cbi * g.w)) if streams and order == "rows" else 0
-    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows, flat)
+    return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows, flat,
+                      l1_chunk(g, cbi, no, target))
 
 
 def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
@@ -525,7 +551,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             woff = woff + cb0 * (g.kh * per_row)
         at = simplify(at0 + x0) if q0 is None else q0
         where = (at, simplify(oct * p.no) if wide else Const(0)) if cl else (Const(0), at)
-        ahead = pf_lines if chunked is None else 0
+        ahead = pf_lines if chunked is None or p.kchunk else 0  # (L1 passes prefetch; "chunks", "sweep" do not)
         if p.in_place:  # (1x1, unpadded: the tile's pixels in the input itself, a block cbi floats on)
             xs = x.layout.dims
             uk = dconv_micro(p.no, px, cbi, 1, 1, g.sw * xs[3][3] // cbi, g.dh, g.dw, cbi, g.sh * xs[2][3], 0,
@@ -542,12 +568,30 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         if q0 is not None:
             args += (q0,)
         if ahead:  # this row's (tile's) share of the next channel tile's weights (the last tile: its own again)
-            span = 16 * ahead * ncb
             nxt = simplify(Bin("min", oct + 1, Const(p.n_oct - 1)))
-            args += (Ptr(wp, (nxt, simplify(Bin("min", (oy if call is None else call) * span, Const(wlen - span))))),)
+            i = oy if call is None else call
+            if chunked is None:
+                span = 16 * ahead * ncb
+                at = Bin("min", i * span, Const(wlen - span))
+            else:  # (an L1 pass of blocks [cb0, cb0 + n): its calls' shares side by side, after the earlier passes')
+                cb0, n, _ = chunked
+                at = Bin("min", (cb0 * calls + i * n) * (16 * ahead), Const(wlen) - n * (16 * ahead))
+            args += (Ptr(wp, (nxt, simplify(at))),)
         return Micro(uk, args)
 
+    def l1_passes(make: Callable[[Chunk], tuple[Stmt, ...]]) -> tuple[Stmt, ...]:
+        """``make``'s register tiles over all input blocks, or (``p.kchunk``) in passes over chunks of them whose
+        weights stay in L1: the first pass stored, the later ones added."""
+        if not p.kchunk:
+            return make(None)
+        kc, ch = p.kchunk, Var(fresh("kc"))
+        n = Const(kc) if ncb % kc == 0 else Bin("min", Const(kc), Const(ncb) - ch * kc)
+        return (*make((Const(0), Const(kc), False)), For(ch, Const(1), Const(-(-ncb // kc)),
+                                                          make((simplify(ch * kc), n, True))))
+
     def tiles(k0: int, k1: int, chunked: Chunk) -> tuple[Stmt, ...]:
+        if chunked is None and p.kchunk:
+            return l1_passes(lambda c: tiles(k0, k1, c))
         out: tuple[Stmt, ...] = ()
         for x0, x1, j0, j1 in col_segments(g):
             full, tail = divmod(x1 - x0, p.px)
@@ -560,6 +604,8 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
 
     def flat(chunked: Chunk) -> tuple[Stmt, ...]:
         """The whole plane as one row (``flat_tiles``: ``nbig`` tiles of small + 1 pixels, then small ones)."""
+        if chunked is None and p.kchunk:
+            return l1_passes(flat)
         out: tuple[Stmt, ...] = ()
         for first, count, size in ((0, nbig, small + 1), (nbig, ntiles - nbig, small)):
             if count:
