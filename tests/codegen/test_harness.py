@@ -61,3 +61,52 @@ def test_silu_is_one_call_and_matches_onnxruntime():
     ref_z, ref_s = _ort_all(m, {"x": x})
     _close(got["z"], ref_z)
     _close(got["s"], ref_s)
+
+
+def _kernels(cm) -> str:
+    """The generated C from the first kernel on (the helpers before it define every vmath function)."""
+    src = cm.artifacts.csource.source
+    return src[src.index("/* kernel 0:"):]
+
+
+def test_one_plus_erf_and_tanh_are_one_call_and_match_onnxruntime():
+    """Add(Erf(x), 1) and Add(Tanh(x), 1), either order (GELU's factor in its two exported forms), compile to
+    dlcc_erf1pf / dlcc_tanh1pf (codegen/vmath.py); Add(Erf(x), 2) and an Erf that is also an output keep their
+    own expressions. Whole GELUs match onnxruntime within rtol 1e-5 of the output's scale; NaN passes."""
+    import dlcc
+
+    x = np.concatenate([np.linspace(-12, 12, 4001, dtype=np.float32), np.array([np.nan, np.inf, -np.inf], np.float32)])
+    n = x.size
+    for fn, body in (("dlcc_erf1pf", "e = Erf(h)\n o = Add(e, one)"), ("dlcc_erf1pf", "e = Erf(h)\n o = Add(one, e)"),
+                     ("dlcc_tanh1pf", "e = Tanh(h)\n o = Add(e, one)")):
+        m = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{n}] x) => (float[{n}] z) {{
+            one = Constant <value = float {{1.0}}> ()
+            k = Constant <value = float {{0.70710678}}> ()
+            h = Mul(x, k)
+            {body}
+            z = Mul(x, o)
+        }}""")
+        cm = dlcc.compile(m.SerializeToString(), threads=1)
+        assert f"{fn}(" in _kernels(cm), fn
+        got, ref = cm({"x": x})["z"], _ort(m, {"x": x})
+        _close(got[:-3], ref[:-3])
+        assert np.isnan(got[-3]) and got[-2] == np.inf and np.isnan(got[-1])  # (-inf * 0 is NaN, as in onnxruntime)
+        assert np.isnan(ref[-1])
+    for outputs, body in (("float[{n}] z", "e = Erf(x)\n z = Add(e, two)"),
+                          ("float[{n}] z, float[{n}] e", "e = Erf(x)\n z = Add(e, one)")):
+        m = onnx.parser.parse_model(f"""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[{n}] x) => ({outputs.format(n=n)}) {{
+            one = Constant <value = float {{1.0}}> ()
+            two = Constant <value = float {{2.0}}> ()
+            {body}
+        }}""")
+        cm = dlcc.compile(m.SerializeToString(), threads=1)
+        xf = np.concatenate([x[:-3], np.array([0.5, 1.5, -2.5], np.float32)])  # (finite: assert_close's max)
+        got, ref = cm({"x": xf}), _ort_all(m, {"x": xf})
+        for g, r in zip(got.values(), ref, strict=True):
+            _close(g, r)
+        if "two" in body:
+            assert "dlcc_erf1pf(" not in _kernels(cm)

@@ -244,3 +244,33 @@ def test_silu_within_2_ulp_above_the_underflow_and_x_times_sigmoid_below(tmp_pat
     assert np.isnan(special[0]) and np.isnan(special[1]) and special[2] == np.inf
     assert special[3] == 0.0 and np.signbit(special[3]) and special[4] == 0.0 and not np.signbit(special[4])
     assert list(special[5:]) == [np.float32(17.0 / (1 + np.exp(-17.0))), np.float32(17.5)]
+
+
+@pytest.mark.parametrize("name,fn,edge", [("dlcc_erf1pf", math.erf, 3.92), ("dlcc_tanh1pf", math.tanh, 9.0)])
+def test_one_plus_within_4e_7(tmp_path, name, fn, edge):
+    """dlcc_erf1pf and dlcc_tanh1pf (1 + erf(x), 1 + tanh(x): GELU's factor, one rational each): absolute error
+    <= 4e-7 on the sweep and densely on [-12, 12], within 4 ulp of the sum for x >= 0; in [0, 2]; 0 and 2 past the
+    clamps (as 1 + the float32 function rounds there); NaN passes; vectorized, no call, with the production flags."""
+    src = tmp_path / "onep.c"
+    src.write_text(PRELUDE + C_TEXT + _loops((name,)))
+    compile_files(compiler(), flags_for("native"), [src], tmp_path / "onep.so", tmp_path)
+    lib = ctypes.CDLL(str(tmp_path / "onep.so"))
+    sweep = np.concatenate([_sweep(), _specials(), np.linspace(-12, 12, 1200001, dtype=np.float32)])
+    x = sweep[np.isfinite(sweep)]
+    got = _run(lib, name, x)
+    ref = 1.0 + np.frompyfunc(fn, 1, 1)(x.astype(np.float64)).astype(np.float64)
+    err = np.abs(got - ref)
+    worst = int(np.argmax(err))
+    assert err[worst] <= 4e-7, f"{name}({x[worst]!r}) = {got[worst]!r}, float64 {ref[worst]!r}"
+    pos = x >= 0
+    ulp = np.spacing(ref[pos].astype(np.float32)).astype(np.float64)
+    assert np.max(err[pos] / ulp) <= 4.0
+    assert got.min() >= 0.0 and got.max() <= 2.0
+    past = np.array([edge, 2 * edge, np.inf, -edge, -2 * edge, -np.inf, np.nan], np.float32)
+    out = _run(lib, name, past)
+    assert list(out[:6]) == [2.0, 2.0, 2.0, 0.0, 0.0, 0.0] and np.isnan(out[6])
+    if _x86_gcc() is not None and platform.machine() in ("x86_64", "AMD64"):
+        asm = subprocess.run([_x86_gcc(), *flags_for("x86-64-v3"), "-S", "-o", "-", str(src)], capture_output=True,
+                             text=True, check=True).stdout
+        body = asm[asm.index(f"loop_{name}:"):]
+        assert "ymm" in body and "call" not in body[:body.index(".size")]
