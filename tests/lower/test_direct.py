@@ -40,9 +40,9 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
 ]
 
 
-# a 20 KiB L1 on AVX2: a channel tile's weights (117 input channels, 15 blocks, x 9 taps x 16) beyond 3 L1s, in
-# passes of 2 blocks (10 KiB: half of L1) whose weights stay in L1, the last pass one (partial) block
-SMALL_L1 = dataclasses.replace(get_target("x86-64-v3"), l1d_bytes=20 * 1024)
+# a 20 KiB L1 and a 128 KiB L2 on AVX2: a channel tile's weights (117 input channels, 15 blocks, x 9 taps x 16: 68
+# KiB) beyond half of L2, in passes of 2 blocks (9 KiB: half of L1 at most), the last pass one (partial) block
+SMALL_L1 = dataclasses.replace(get_target("x86-64-v3"), l1d_bytes=20 * 1024, l2_bytes=128 * 1024)
 # a smaller L2, so that a channel tile's weights (256 input channels x 9 taps x 32) exceed half of it while its
 # 24x24 plane is too large for the "plane" order: the input channels in chunks of 7 blocks (7, 7, 2)
 SMALL_L2 = dataclasses.replace(get_target("x86-64-v4"), l2_bytes=512 * 1024)
@@ -59,8 +59,8 @@ SMALL_L3 = dataclasses.replace(SMALL_L2, l3_bytes=1 << 20)
                             (SMALL_L3, 1, 256, 24, 24, 64, 3, 1, 5, 5, 2),  # (dilation: segments)
                             (SMALL_L1, 1, 117, 7, 7, 48, 3, 1, 1, 1, 2),  # L1 passes of flat tiles, prefetching
                             (SMALL_L1, 2, 117, 14, 14, 48, 3, 2, 1, 1, 1),  # ... strided, two images
-                            (SMALL_L1, 1, 117, 20, 20, 32, 3, 1, 1, 1, 2),  # ... of a plane's rows
-                            (SMALL_L1, 1, 117, 20, 20, 48, 3, 1, 1, 1, 2)])  # ... of the rows' tiles, per segment
+                            (SMALL_L1, 1, 117, 4, 50, 32, 3, 1, 1, 1, 2),  # ... of a plane's rows, a tail tile
+                            (SMALL_L1, 1, 117, 6, 48, 48, 3, 1, 1, 1, 2)])  # ... of the rows' tiles, per segment
 def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
@@ -105,16 +105,20 @@ def test_direct_plan_chunks_the_input_channels_when_a_tiles_weights_exceed_l2():
 
 
 def test_direct_plan_passes_over_input_blocks_whose_weights_stay_in_l1():
-    """A channel tile's weights beyond 3 L1s: its row's (plane's) tiles in passes over input blocks whose weights
-    fill at most half of L1, as even as they go; not for 1x1s, smaller weights, or 32 registers."""
-    v3 = get_target("x86-64-v3")
+    """A channel tile's weights beyond half of L2: its row's (plane's) tiles in passes over input blocks whose
+    weights fill at most half of L1, as even as they go; not for 1x1s, smaller weights, passes over fewer than 8
+    register tiles, or 32 registers."""
+    v3 = dataclasses.replace(get_target("x86-64-v3"), l2_bytes=512 * 1024)  # (Zen 3's L2)
     g7 = ConvGeometry(512, 7, 7, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1)  # ResNet-50's last stage: 288 KiB per tile
     p = plan_direct(512, g7, 1, v3, 2)
     assert p.flat and p.kchunk == 3 and 4 * p.kchunk * p.cbi * 9 * p.no <= v3.l1d_bytes // 2
+    assert plan_direct(512, g7, 1, dataclasses.replace(v3, l2_bytes=1 << 20), 2).kchunk == 0  # (within half of L2)
     assert plan_direct(512, g7, 1, get_target("x86-64-v4"), 2).kchunk == 0
     g14 = ConvGeometry(117, 14, 14, 14, 14, 3, 3, 1, 1, 1, 1, 1, 1)  # 15 blocks: passes of 2, 2, ..., 1
     assert plan_direct(48, g14, 1, SMALL_L1).kchunk == 2
-    assert plan_direct(48, dataclasses.replace(g14, ci=96), 1, SMALL_L1).kchunk == 0  # 54 KiB: within 3 L1s
+    assert plan_direct(48, dataclasses.replace(g14, ci=96), 1, SMALL_L1).kchunk == 0  # 54 KiB: within half of L2
+    g20 = ConvGeometry(117, 20, 20, 20, 20, 3, 3, 1, 1, 1, 1, 1, 1)  # rows of 4 tiles: too few per pass
+    assert plan_direct(48, g20, 1, SMALL_L1).kchunk == 0
     g1 = ConvGeometry(2048, 7, 7, 7, 7, 1, 1, 1, 1, 1, 1, 0, 0)
     assert plan_direct(512, g1, 1, v3).kchunk == 0  # (a 1x1: measured slower at 2 threads)
 

@@ -62,7 +62,7 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 # 14 pixels this far apart keeps 14 lines in one set and misses (ResNet-50's 512 -> 1024 channels, stride 2, read
 # in place from 512 channels-last channels: 0.87 -> 0.97 ms)
 L1_WAY_BYTES = 4096
-L1_CHUNK_MIN = 3  # (l1_chunk: from a channel tile's weights of this many L1s on)
+L1_PASS_MIN_TILES = 8  # register tiles an L1 pass serves at least (``l1_chunk``)
 L1_CHUNKS = True  # a row's register tiles in passes over chunks of input blocks whose weights stay in L1 (``l1_chunk``)
 GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
 GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
@@ -342,22 +342,24 @@ def _flat_tile(g: ConvGeometry, co: int, target: Target, max_nv: int) -> tuple[f
     return best
 
 
-def l1_chunk(g: ConvGeometry, cbi: int, no: int, target: Target) -> int:
+def l1_chunk(g: ConvGeometry, cbi: int, no: int, target: Target, tiles: int) -> int:
     """Input channel blocks per pass of a row's (a flat plane's) register tiles (``DirectPlan.kchunk``), or 0 for
-    one pass. Each register tile runs over all input blocks, so a channel tile's weights stream from L2 once per
-    tile; where they are several times L1 (``L1_CHUNK_MIN``; ResNet-50's 512 channels 3x3: 288 KiB) the row's
-    tiles go in passes over chunks of blocks whose weights stay in half of L1, each pass adding to what the
-    earlier ones stored. Zen 3, AVX2, ResNet-50 in the model, alternated in both orders, kernel minima at 1 / 2
-    threads: 512 channels 3x3 strided into 7 x 7 2.94 -> 2.67 / 1.59 -> 1.45 ms, at 7 x 7 2.67 -> 2.60, 256 strided
-    into 14 x 14 2.64 -> 2.57. Only convolutions with more than one tap: a 1x1's 2048 -> 512 at 7 x 7 gained 4%
-    at 1 thread and lost 4% at 2, and those with 32 to 72 KiB of tile weights (512 -> 128 1x1 at 28 x 28, 128
-    channels 3x3 strided) lost 2-5%. Only on 16-register targets, where it was measured (32 registers: tiles of
-    28 accumulators, whose loads and stores per pass weigh more; not measured)."""
+    one pass. Each register tile runs over all input blocks, so a channel tile's weights stream into L1 once per
+    tile; where they outgrow half of L2 (ResNet's 512 channels 3x3: 288 KiB, the input beside them) the row's tiles
+    go in passes over chunks of blocks whose weights stay in half of L1, each pass adding to what the earlier ones
+    stored. Zen 3, AVX2, in the model, alternated in both orders, kernel minima at 1 / 2 threads: ResNet-50's 512
+    channels 3x3 strided into 7 x 7 2.94 -> 2.67 / 1.59 -> 1.45 ms, at 7 x 7 2.67 -> 2.60; ResNet-18's at 7 x 7
+    2.66 -> 2.62 / 1.40 -> 1.34. Smaller weights lost 2-4%: AlexNet's 384 channels at 13 x 13 (216 KiB), Inception-v2's
+    7 x 7 convolutions (about 110), ResNet-50's 128 channels strided (72); so did 1x1s (ResNet-50's 2048 -> 512 at
+    7 x 7, 128 KiB: 4% at 2 threads), and so did passes over fewer than ``L1_PASS_MIN_TILES`` register tiles
+    (``tiles``: a row's, or a flat plane's), whose weights then serve too few tiles (ZFNet's 512 -> 1024 channels on
+    13-pixel rows of 3 tiles: 7% at 2 threads). Only on 16-register targets, where it was measured (32 registers:
+    tiles of 28 accumulators, whose loads and stores per pass weigh more; not measured)."""
     ncb = -(-g.ci // cbi)
     tile_w = 4 * cbi * g.kh * g.kw * no  # bytes of one input block's weights for one channel tile
     per = max(1, (target.l1d_bytes // 2) // tile_w)
-    if (not L1_CHUNKS or target.vector_registers >= 32 or g.kh * g.kw == 1
-            or ncb * tile_w <= L1_CHUNK_MIN * target.l1d_bytes or per >= ncb):
+    if (not L1_CHUNKS or target.vector_registers >= 32 or g.kh * g.kw == 1 or ncb * tile_w <= target.l2_bytes // 2
+            or per >= ncb or tiles < L1_PASS_MIN_TILES):
         return 0
     passes = -(-ncb // per)
     return -(-ncb // passes)
@@ -435,8 +437,9 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     if flat and order != "plane":  # (flat tiles fill a whole plane in the local buffer: "plane", "chunks", "sweep")
         return plan_direct(co, g, batch, target, threads, strides, max_nv, False)
     band_rows = max(1, l2_quarter_rows(target.l2_bytes, 4 * ncb * cbi * g.w)) if streams and order == "rows" else 0
+    tiles = flat_tiles(g.oh * g.ow, px)[0] if flat else -(-g.ow // px)  # (register tiles per pass)
     return DirectPlan(co, g, batch, cbi, no, px, hp, wp, t, order, ncb, (rh, rw), inplace, band_rows, flat,
-                      l1_chunk(g, cbi, no, target))
+                      l1_chunk(g, cbi, no, target, tiles))
 
 
 def pack_direct(w: np.ndarray, p: DirectPlan) -> np.ndarray:
