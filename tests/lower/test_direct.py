@@ -123,6 +123,18 @@ def test_direct_plan_passes_over_input_blocks_whose_weights_stay_in_l1():
     assert plan_direct(512, g1, 1, v3).kchunk == 0  # (a 1x1: measured slower at 2 threads)
 
 
+def test_direct_plan_takes_a_wider_plane_for_kernels_with_taps():
+    """A 128-channel 3x3 strided into 28 x 28 (a 50 KB tile plane) takes the "plane" order and flat tiles where its
+    tile's weights stay in half of L2; a 1x1 with that plane, or weights beyond half of L2, keep the 48 KB bound."""
+    v3 = dataclasses.replace(get_target("x86-64-v3"), l2_bytes=512 * 1024)  # (Zen 3's L2)
+    g = ConvGeometry(128, 56, 56, 28, 28, 3, 3, 2, 2, 1, 1, 1, 1)
+    p = plan_direct(128, g, 1, v3, 2)
+    assert (p.order, p.flat, p.no) == ("plane", True, 16) and 4 * p.no * 28 * 28 > 48 * 1024
+    assert plan_direct(128, dataclasses.replace(g, ci=512), 1, v3).order != "plane"  # 288 KB of tile weights
+    g1 = ConvGeometry(512, 28, 28, 28, 28, 1, 1, 1, 1, 1, 1, 0, 0)
+    assert plan_direct(128, g1, 1, v3, 1).order != "plane"
+
+
 def test_direct_plan_tiles_and_order():
     v4, v3 = get_target("x86-64-v4"), get_target("x86-64-v3")
     g56 = ConvGeometry(64, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1)
