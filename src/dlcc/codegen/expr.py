@@ -141,16 +141,26 @@ class ExprGen:
             raise DlccError(f"internal: no inline code for {op}")
         return fn(self, node, out_index, idx, stmts)
 
+    def _computed_here(self, v: ir.Value, ops: tuple[str, ...]) -> ir.Node | None:
+        """The producer of ``v`` when it is one of ``ops`` (default domain) and ``v`` is computed in this kernel
+        (neither read from a buffer nor bound to a template's result), else None."""
+        f = v.producer()
+        if f is None or f.op_type not in ops or f.domain not in ("", "ai.onnx") or v in self.buffers or v in self.bound:
+            return None
+        return f
+
+    @staticmethod
+    def _float32_pair(node: ir.Node) -> bool:
+        return len(node.inputs) == 2 and all(v is not None and value_dtype(v) == "float32" for v in node.inputs)
+
     def _silu_input(self, node: ir.Node) -> ir.Value | None:
         """x when ``node`` is Mul(x, Sigmoid(x)) (either order) on float32 of one shape, with the Sigmoid
         computed in this kernel (not read from a buffer), else None."""
-        if len(node.inputs) != 2 or any(v is None or value_dtype(v) != "float32" for v in node.inputs):
+        if not self._float32_pair(node):
             return None
         for x, g in (node.inputs, node.inputs[::-1]):
-            sig = g.producer()
-            if (sig is not None and sig.op_type == "Sigmoid" and sig.domain in ("", "ai.onnx")
-                    and sig.inputs[0] is x and g not in self.buffers and g not in self.bound
-                    and value_shape(x) == value_shape(node.outputs[0])):
+            sig = self._computed_here(g, ("Sigmoid",))
+            if sig is not None and sig.inputs[0] is x and value_shape(x) == value_shape(node.outputs[0]):
                 return x
         return None
 
@@ -159,14 +169,13 @@ class ExprGen:
         on float32 of one shape, the Erf or Tanh computed in this kernel: GELU's factor, where the sum with 1 keeps
         only the function's absolute accuracy, which the one-piece rational of codegen/vmath.py gives at less than
         half the cost. Else None."""
-        if not ONE_PLUS or len(node.inputs) != 2 or any(v is None or value_dtype(v) != "float32" for v in node.inputs):
+        if not ONE_PLUS or not self._float32_pair(node):
             return None
         for g, c in (node.inputs, node.inputs[::-1]):
-            f = g.producer()
+            f = self._computed_here(g, ("Erf", "Tanh"))
             one = self.const_of(c)
-            if (f is not None and f.op_type in ("Erf", "Tanh") and f.domain in ("", "ai.onnx") and one is not None
-                    and one.size == 1 and float(one.reshape(-1)[0]) == 1.0 and g not in self.buffers
-                    and g not in self.bound and value_shape(g) == value_shape(node.outputs[0])):
+            if (f is not None and one is not None and one.size == 1 and float(one.reshape(-1)[0]) == 1.0
+                    and value_shape(g) == value_shape(node.outputs[0])):
                 return ("dlcc_erf1pf" if f.op_type == "Erf" else "dlcc_tanh1pf"), f.inputs[0]
         return None
 

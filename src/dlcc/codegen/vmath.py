@@ -219,6 +219,13 @@ DLCC_VM_FN float dlcc_sigmoidf(float x) {
    where erf rounds to 1; tanh: 9) instead of two ranges and an exp: 1.58 -> 0.67 ms for GELU on 3136 x 384
    floats (Zen 3, AVX2). The result is clamped to [0, 2], and is 0 and 2 past the clamps (as 1 + the float32
    function rounds there; -inf * that factor is then NaN, as it is in onnxruntime); NaN passes. */
+DLCC_VM_FN float dlcc_vm_one_plus(float x, float xc, float p, float q, float edge) {
+    float y = 1.0f + xc * p / q;               /* x: the argument, xc: it clamped to [-edge, edge] */
+    y = y < 0.0f ? 0.0f : y;
+    y = y > 2.0f ? 2.0f : y;
+    y = x <= -edge ? 0.0f : y;
+    return x >= edge ? 2.0f : y;
+}
 DLCC_VM_FN float dlcc_erf1pf(float x) {
     float xc = x > 3.92f ? 3.92f : x;
     xc = xc < -3.92f ? -3.92f : xc;            /* NaN passes */
@@ -226,11 +233,7 @@ DLCC_VM_FN float dlcc_erf1pf(float x) {
     float p = 0x1.20dd72p+0f + t * (0x1.8bbfb6p-3f + t * (0x1.a9cbf2p-5f + t * (0x1.e9b71p-9f + t * 0x1.ec9066p-13f)));
     float q = 1.0f + t * (0x1.0258a2p-1f + t * (0x1.d409b6p-4f + t * (0x1.e2d866p-7f + t * (0x1.1e9168p-10f
               + t * (0x1.86dbacp-16f + t * -0x1.dca3b4p-24f)))));
-    float y = 1.0f + xc * p / q;
-    y = y < 0.0f ? 0.0f : y;
-    y = y > 2.0f ? 2.0f : y;
-    y = x <= -3.92f ? 0.0f : y;
-    return x >= 3.92f ? 2.0f : y;
+    return dlcc_vm_one_plus(x, xc, p, q, 3.92f);
 }
 DLCC_VM_FN float dlcc_tanh1pf(float x) {
     float xc = x > 9.0f ? 9.0f : x;
@@ -239,11 +242,7 @@ DLCC_VM_FN float dlcc_tanh1pf(float x) {
     float p = 0x1.fffffcp-1f + t * (0x1.0ee1f2p-3f + t * (0x1.b0b584p-9f + t * 0x1.15879ap-16f));
     float q = 1.0f + t * (0x1.dcc62cp-2f + t * (0x1.9c5c2ap-6f + t * (0x1.343f6p-12f + t * (0x1.fa95eap-22f
               + t * -0x1.1b24c4p-32f))));
-    float y = 1.0f + xc * p / q;
-    y = y < 0.0f ? 0.0f : y;
-    y = y > 2.0f ? 2.0f : y;
-    y = x <= -9.0f ? 0.0f : y;
-    return x >= 9.0f ? 2.0f : y;
+    return dlcc_vm_one_plus(x, xc, p, q, 9.0f);
 }
 /* SiLU, x * sigmoid(x) = x / (1 + exp(-x)), in one piece (sigmoid then a product rounds twice more and costs
    twice as much): exp(-x) = 2^n (1 + s) with x clamped to [-87.3, 17], then x / (1 + exp(-x)) =

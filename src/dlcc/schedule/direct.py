@@ -390,19 +390,20 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     no = nv * lanes
     t = threads if threads > 1 and 2.0 * batch * co * g.oh * g.ow * g.ci * g.kh * g.kw >= PAR_MIN_FLOPS else 1
     n_oct = -(-co // no)
+    ncb = -(-g.ci // cbi)
+    tile_w = 4 * cbi * g.kh * g.kw * no  # bytes of one input block's weights for one channel tile
     # output rows outside while the whole packed weight stays in L2 (each row's inputs are then read from
     # L1 by every channel tile); else the channel tiles outside, so that each tile's weights are read from
     # memory once and then from L2/L3 for every row (row by row, all the weights would stream from memory
     # during the first row, with 1/OH of the work to hide it)
-    weight_bytes = 4 * n_oct * no * -(-g.ci // cbi) * cbi * g.kh * g.kw
-    order = "rows" if weight_bytes <= target.l2_bytes // 2 else "oc"
+    order = "rows" if n_oct * ncb * tile_w <= target.l2_bytes // 2 else "oc"
     streams = streams_input(g, target) and g.oh > 1  # (one row: "plane" or "rows" alike)
     rows_first = streams or (g.kh * g.kw == 1 and g.oh == t > 1)  # (a 1x1 plane as one row per thread)
     # (a plane up to PLANE_TAPS_BYTES where the kernel has taps and a channel tile's weights stay in half of L2:
     # ResNet-50's 128 channels 3x3 strided into 28 x 28 (50 KB) then takes flat tiles along its plane, 2.96 ->
     # 2.77 ms, and ResNet-18's 64 -> 128 2.3% faster (Zen 3, AVX2, alternated, both orders); 1x1s measured either
     # way within the noise, and DeepLab's ASPP (2.4 MB of weights a tile) needs "oc" for its chunks of input blocks)
-    wide_plane = g.kh * g.kw > 1 and 4 * cbi * g.kh * g.kw * no * -(-g.ci // cbi) <= target.l2_bytes // 2
+    wide_plane = g.kh * g.kw > 1 and ncb * tile_w <= target.l2_bytes // 2
     if 4 * no * g.oh * g.ow <= (PLANE_TAPS_BYTES if wide_plane else PLANE_BYTES) and n_oct >= t and not rows_first:
         order = "plane"  # a small plane: channel tiles outside, the whole plane of a tile before its epilogue
     # (a 1x1 plane as one row per thread, ``flat_pointwise``: each thread its pixels, where threads splitting the
@@ -423,8 +424,6 @@ def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: i
     # a channel tile's weights beyond half of L2 (DeepLab's ASPP: 2048 input channels x 9 taps x 32 = 2.4 MB):
     # every output row would stream them from L3 again; in chunks of input blocks that stay in L2, the tile's
     # whole plane accumulating in L1/L2 instead
-    ncb = -(-g.ci // cbi)
-    tile_w = 4 * cbi * g.kh * g.kw * no  # bytes of one input block's weights for one channel tile
     if order == "oc" and ncb * tile_w > target.l2_bytes // 2 and 4 * no * g.oh * g.ow <= target.l2_bytes // 4:
         chunk = max(1, (target.l2_bytes // 4) // tile_w)
         block_bytes = 4 * batch * hp * wp * cbi
