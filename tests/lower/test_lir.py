@@ -272,6 +272,30 @@ def test_verifier_accepts_disjoint_column_split():
     verify_func(f)
 
 
+def test_verifier_keeps_a_threads_ranges_apart():
+    """A thread's channels of each of two images are two address ranges (their hull would take in the other
+    thread's channels of the first image): a 3x3 pool over two images on two threads verifies (it raised
+    "may both write" and failed the compile); the same loops with one channel range for both threads still
+    fail."""
+    from dlcc.schedule.dwconv import dw_func
+
+    g = ConvGeometry(128, 36, 36, 18, 18, 3, 3, 2, 2, 1, 1, 1, 1)
+    x = Buf("x", "float32", Layout.strided((2, 128, 36, 36)))
+    wt = Buf("wt", "float32", Layout.strided((128, 9)))
+    for shape in ((2, 128, 324), (2, 128, 18, 18)):
+        c = Buf("c", "float32", Layout.strided(shape))
+        f = dw_func(g, 2, x, wt, c, len(shape) == 3, 2, pool_max=True, flat=len(shape) == 3)
+        assert "parallel for t" in print_func(f)
+        verify_func(f)
+    t, b, ch = Var("t"), Var("b"), Var("ch")
+    c = Buf("c", "float32", Layout.strided((2, 8, 4)))
+    bad = Func("bad", (x, c), (For(t, Const(0), Const(2), (For(b, Const(0), Const(2), (
+        For(ch, Bin("*", t, Const(3)), Bin("+", Bin("*", t, Const(3)), Const(5)), (
+            Store(c, (b, ch, Const(0)), Const(0.0, "float32")),)),)),), "parallel"),))
+    with pytest.raises(PassError, match="both write"):
+        verify_func(bad)
+
+
 def test_blocked_layout_addresses():
     lay = Layout.blocked((1, 20, 3, 3), 1, 8)  # NCHW8c, 3 channel blocks (the last one padded)
     assert lay.span == 3 * 3 * 3 * 8

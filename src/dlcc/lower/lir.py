@@ -528,17 +528,25 @@ def _loop_env(s: For, env: dict[str, Interval]) -> Interval | None:
 # --------------------------------------------------------------------------------------------- verifier
 @dataclass
 class _Writes:
-    """What one parallel iteration writes, per buffer name: the hull of the element addresses, and the
-    boxes of the logical indices when every write could be said as a box (None once one could not; up to
-    ``MAX_BOXES``, then their hull): a thread that writes whole channel blocks and half of another is two
-    boxes, which its hull would merge with the other half."""
-    flat: dict[str, Interval] = field(default_factory=dict)
+    """What one parallel iteration writes, per buffer name: the ranges of element addresses (up to
+    ``MAX_BOXES``, then their hull: a thread's channels of each of two images are two ranges, which one hull
+    would merge with the other thread's), and the boxes of the logical indices when every write could be said
+    as a box (None once one could not; up to ``MAX_BOXES``, then their hull): a thread that writes whole channel
+    blocks and half of another is two boxes, which its hull would merge with the other half."""
+    flat: dict[str, list[Interval]] = field(default_factory=dict)
     box: dict[str, list[list[Interval]] | None] = field(default_factory=dict)
     MAX_BOXES = 256
 
     def add(self, name: str, lo: int, hi: int, box: list[Interval] | None) -> None:
-        old = self.flat.get(name)
-        self.flat[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        ranges = self.flat.setdefault(name, [])
+        for i, (a, b) in enumerate(ranges):
+            if a <= hi + 1 and lo <= b + 1:  # (overlapping or adjacent: one range)
+                ranges[i] = (min(a, lo), max(b, hi))
+                break
+        else:
+            ranges.append((lo, hi))
+            if len(ranges) > self.MAX_BOXES:
+                self.flat[name] = [(min(r[0] for r in ranges), max(r[1] for r in ranges))]
         if name not in self.box:
             self.box[name] = None if box is None else [box]
             return
@@ -560,8 +568,7 @@ class _Writes:
         a, b = self.box.get(name), other.box.get(name)
         if a is not None and b is not None:
             return any(all(x[0] <= y[1] and y[0] <= x[1] for x, y in zip(p, q, strict=True)) for p in a for q in b)
-        x, y = self.flat[name], other.flat[name]
-        return x[0] <= y[1] and y[0] <= x[1]
+        return any(x[0] <= y[1] and y[0] <= x[1] for x in self.flat[name] for y in other.flat[name])
 
 
 class _OutOfBounds(PassError):
@@ -598,6 +605,9 @@ def _controlling(body: Sequence[Stmt], out: set[str]) -> set[str]:
         elif isinstance(s, Alloc):
             _controlling(s.body, out)
     return out
+
+
+EXACT_SHORT_LOOP = 16  # serial loops this short run value by value when a parallel loop's writes are checked again
 
 
 class _Verifier:
@@ -700,16 +710,20 @@ class _Verifier:
                 if s.kind == "parallel":
                     self.parallel(s, env)
                     continue
-                saved = [(dict(w.flat), {k: v if v is None else list(v) for k, v in w.box.items()})
+                saved = [({k: list(v) for k, v in w.flat.items()}, {k: v if v is None else list(v)
+                                                                      for k, v in w.box.items()})
                          for w in self.writes]
+                # (exact: a parallel loop's write sets again, each value of a controlling variable on its own,
+                # and of a short loop's: a thread's channels of every image are not one range)
+                one_by_one = s.var.name in self.controlling or (self.exact and rng[1] - rng[0] < EXACT_SHORT_LOOP)
                 try:
-                    if self.exact and s.var.name in self.controlling and rng[1] - rng[0] <= 4096:
+                    if self.exact and one_by_one and rng[1] - rng[0] <= 4096:
                         raise _OutOfBounds("(exact)")
                     self.stmts(s.body, {**env, s.var.name: rng})
                 except _OutOfBounds:
                     # intervals forget how an inner loop's bounds depend on this variable (a clipped
                     # tail: r < min(MR, M - ib*MR)): check each of its values on its own
-                    if s.var.name not in self.controlling or rng[1] - rng[0] > 4096:
+                    if not one_by_one or rng[1] - rng[0] > 4096:
                         raise
                     for w, (flat, box) in zip(self.writes, saved, strict=True):
                         w.flat, w.box = flat, box
