@@ -225,7 +225,7 @@ def test_convnext_stack_every_target():
 def _nhwc_graph(kind="direct", out_nhwc=True, extra=None, n=1, c=24, h=12):
     """A graph kept in NHWC around one NCHW convolution (as channels-last frameworks export it): NHWC input ->
     Transpose -> Conv (+ Relu) -> Transpose -> NHWC output. ``kind``: "direct" (5x5 group 1), "depthwise" (3x3),
-    "winograd" (3x3 group 1, which writes NCHW only); ``extra``: a second reader of the NCHW input: "add" (a loop
+    "winograd" (3x3 group 1); ``extra``: a second reader of the NCHW input: "add" (a loop
     step) or "pool" (a MaxPool, which reads NCHW only)."""
     rng = np.random.default_rng(7)
     co = c if kind == "depthwise" else 2 * c
@@ -262,7 +262,8 @@ def _nhwc_graph(kind="direct", out_nhwc=True, extra=None, n=1, c=24, h=12):
     ("direct", False, "add", 0, 1),  # a loop step reads the input channels-last too
     ("direct", True, "pool", 0, 1),  # a MaxPool on a narrow plane repacks its input (channel-blocked) too
     ("direct", True, "widepool", 1, 1),  # one on a plane wider than 32 (the plane kernel) reads NCHW: it stays
-    ("winograd", True, None, 1, 1),  # the Winograd kernel writes NCHW only: the output's Transpose stays
+    ("winograd", True, None, 0, 1),  # the Winograd kernel's output transform stores pixel-major: both go
+    ("winograd", True, None, 0, 2),
 ])
 def test_nhwc_graph_around_a_convolution(kind, out_nhwc, extra, transposes, threads):
     big = kind == "winograd"
@@ -272,7 +273,7 @@ def test_nhwc_graph_around_a_convolution(kind, out_nhwc, extra, transposes, thre
     cm = dlcc.compile(m, threads=threads)
     assert _transposes(cm) == transposes
     if kind == "winograd":
-        assert "dlcc_uk_wgi_" in cm.artifacts.csource.source
+        assert "dlcc_uk_wgi_" in cm.artifacts.csource.source and "dlcc_uk_wgop_" in cm.artifacts.csource.source
     got = cm(feeds)
     art = cm.artifacts
     back = interpret(art.program, art.memory, feeds)
@@ -377,3 +378,59 @@ def test_dense_block_with_concats(threads):
     assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
     art = cm.artifacts
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
+
+
+def _stage(c=128, h=18, n=1, seed=0):
+    """A ResNet stage's shapes on 16 registers (x86-64-v3): stem, a max pool too wide for the channel-blocked
+    form (NCHW), a 1x1 reduction to c/4 channels (the pixels-by-channels GEMM from that NCHW input), a 3x3
+    back to c (Winograd), a strided 1x1 to 2c plus a strided 1x1 projection of the pool (both GEMMs), the sum,
+    Relu and an average pool over the plane."""
+    rng = np.random.default_rng(seed)
+    inits = [_w(rng, "sw", c, 3, 3, 3), _w(rng, "sb", c), _w(rng, "w1", c // 4, c, 1, 1), _w(rng, "b1", c // 4),
+             _w(rng, "w2", c, c // 4, 3, 3), _w(rng, "b2", c), _w(rng, "w3", 2 * c, c, 1, 1), _w(rng, "b3", 2 * c),
+             _w(rng, "wp", 2 * c, c, 1, 1)]
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "sw", "sb"], ["s0"], pads=[1] * 4), node("Relu", ["s0"], ["s1"]),
+             node("MaxPool", ["s1"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+             node("Conv", ["p", "w1", "b1"], ["c1"]), node("Relu", ["c1"], ["r1"]),
+             node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1] * 4), node("Relu", ["c2"], ["r2"]),
+             node("Conv", ["r2", "w3", "b3"], ["c3"], strides=[2, 2]),
+             node("Conv", ["p", "wp"], ["pj"], strides=[2, 2]),
+             node("Add", ["c3", "pj"], ["a"]), node("Relu", ["a"], ["o"]),
+             node("AveragePool", ["o"], ["y"], kernel_shape=[h // 2, h // 2])]
+    graph = helper.make_graph(nodes, "stage", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             [n, 3, 2 * h, 2 * h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 2 * c, 1, 1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {
+        "x": rng.standard_normal((n, 3, 2 * h, 2 * h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("n,threads", [(1, 1), (2, 2)])
+def test_stage_trunk_through_gemms_and_winograd(n, threads):
+    """Rule 4 with the 1x1 GEMMs and Winograd: every buffer after the pool is channels-last (the GEMMs store
+    pixel-major, reading the NCHW pool's output or a channels-last one, in place or gathered at the stride;
+    Winograd's output transform keeps a pixel's channels together); outputs match onnxruntime and the
+    interpreter. With the switches off, none of them is."""
+    if not get_target("x86-64-v3").runs_here():
+        pytest.skip("x86-64-v3 code does not run here")
+    m, feeds = _stage(n=n)
+    ref = _ort(m, feeds)["y"]
+    cm = dlcc.compile(m, threads=threads, target="x86-64-v3")
+    p = cm.artifacts.program
+    convs = [k for k in p.kernels if k.nodes[0].op_type == "Conv"][1:]  # (after the stem)
+    assert len(convs) == 4
+    for k in convs:
+        assert all(layouts.is_channels_last(p.root(b)) for b in k.writes if len(p.buffers[b].shape) == 4)
+    src = cm.artifacts.csource.source
+    assert "dlcc_uk_wgop_" in src and "dlcc_uk_gemmt_" not in src
+    assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
+    art = cm.artifacts
+    assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
+    saved = layouts.GEMM_CHANNELS_LAST, layouts.WINOGRAD_CHANNELS_LAST
+    try:
+        layouts.GEMM_CHANNELS_LAST = layouts.WINOGRAD_CHANNELS_LAST = False
+        plain = dlcc.compile(m, threads=threads, target="x86-64-v3")
+    finally:
+        layouts.GEMM_CHANNELS_LAST, layouts.WINOGRAD_CHANNELS_LAST = saved
+    assert _channels_last(plain) < _channels_last(cm)
+    assert_close(plain(feeds)["y"], ref, 1e-4, 1e-6)

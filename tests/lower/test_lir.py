@@ -441,6 +441,39 @@ def test_conv_gemm_loop_ir_matches_numpy(n, c, h, w, co, k, s, d, pad, threads):
     assert len(seen) == len(set(seen)) == out.size
 
 
+@pytest.mark.parametrize("n,c,h,w,co,s,x_cl,pack,threads", [
+    (1, 24, 9, 8, 40, 2, True, "i", 1), (2, 19, 7, 7, 33, 2, True, "i", 2), (1, 24, 10, 9, 70, 2, False, "i", 2),
+    (1, 20, 9, 9, 64, 2, True, "I", 2), (1, 16, 8, 8, 20, 1, True, "i", 1), (1, 12, 9, 8, 48, 3, False, "I", 2)])
+def test_conv_gemm_channels_last_loop_ir_matches_numpy(n, c, h, w, co, s, x_cl, pack, threads):
+    """The 1x1 GEMM into a channels-last output (``channels_last``): the tiles store pixel-major, every output
+    handed to the epilogue once; from a channels-last input (each pixel's channels gathered along its row) or an
+    NCHW one, strided, with threads over rows or columns and the shared im2col ("I")."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, c, 1, 1)).astype(np.float32)
+    ref = _conv_ref(x, wt, (s, s), (1, 1), (0, 0))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(c, h, w, oh, ow, 1, 1, s, s, 1, 1, 0, 0)
+    p = plan_gemm_conv(co, g, n, TINY, 1)
+    if threads > 1:
+        p = dataclasses.replace(p, tm=1, tn=threads, pack=pack) if pack == "I" else dataclasses.replace(p, tm=threads)
+    xs = (h * w * c, 1, w * c, c) if x_cl else None
+    xb = Buf("x", "float32", Layout.strided((n, c, h, w), xs))
+    wp = Buf("wp", "float32", Layout.strided((p.col_panels, p.k, p.nr)))
+    cb = Buf("c", "float32", Layout.strided((n, oh * ow, co)))
+    ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
+    f = gemm_func_conv(p, g, xb, wp, cb, ws, True, channels_last=True)
+    verify_func(f)
+    assert "gemmt_" not in print_func(f)
+    out = np.full(n * oh * ow * co, np.nan, np.float32)
+    seen = []
+    xin = x.transpose(0, 2, 3, 1).ravel().copy() if x_cl else x.ravel().copy()
+    run_func(f, {"x": xin, "wp": pack_b(wt.reshape(co, -1).T.copy(), p.nr).ravel(), "c": out},
+             lambda i, v: seen.append(i))
+    np.testing.assert_allclose(out.reshape(n, oh, ow, co).transpose(0, 3, 1, 2), ref, rtol=1e-5, atol=1e-4)
+    assert len(seen) == len(set(seen)) == out.size
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_conv_gemm_prefetches_the_next_column_block(threads):
     """An im2col GEMM whose packed weight (K block by K block) outgrows half of L2 and is blocked by columns:

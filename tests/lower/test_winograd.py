@@ -14,7 +14,7 @@ from test_lir import PRELUDE, _build, _conv_ref, _run_conv_ir
 
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
-from dlcc.lower.lir import MICRO, Buf, Layout, verify_func
+from dlcc.lower.lir import MICRO, Buf, Layout, print_func, verify_func
 from dlcc.lower.micro import WINO_AT, WINO_BT, WINO_G, gemmr_micro, wgi_micro, wgo_micro
 from dlcc.schedule.gemm import ConvGeometry
 from dlcc.schedule.target import get_target
@@ -61,6 +61,31 @@ def test_winograd_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
 
 
+@pytest.mark.parametrize("target,n,ci,h,w,co,pad,threads",
+                         [(t, *c) for t in ("x86-64-v3", "aarch64") for c in CASES])
+def test_winograd_channels_last_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
+    """Channels-last input and output (``channels_last``): per tile, per block of output channels, the tile's
+    pixels through the epilogue (``wgop_``); tiles past the plane's last rows and columns hand nothing."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
+    ref = _conv_ref(x, wt, (1, 1), (1, 1), (pad, pad))
+    oh, ow = ref.shape[2:]
+    g = ConvGeometry(ci, h, w, oh, ow, 3, 3, 1, 1, 1, 1, pad, pad)
+    p = plan_winograd(co, g, n, get_target(target), threads)
+    up = pack_winograd(wt, p)
+    f = wino_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w), (h * w * ci, 1, w * ci, ci))),
+                  Buf("up", "float32", Layout.strided(up.shape)),
+                  Buf("c", "float32", Layout.strided((n, co, oh * ow), (oh * ow * co, 1, co))),
+                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), channels_last=True)
+    verify_func(f)
+    assert "wgop_" in print_func(f)
+    out, seen = _run_conv_ir(f, x.transpose(0, 2, 3, 1), "up", up, (n, co, oh * ow), p.workspace_floats)
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(out.reshape(ref.shape) / scale, ref / scale, atol=1e-5)
+    assert len(seen) == len(set(seen)) == out.size
+
+
 @pytest.mark.parametrize("target", runnable_targets())
 def test_winograd_micro_kernels_match_their_contracts(target):
     t = get_target(target)
@@ -71,10 +96,12 @@ def test_winograd_micro_kernels_match_their_contracts(target):
     nr = 2 * cbi
     xrow, ldv, ldm, rp, lda = 9 * cbi, 3 * cbi, 2 * cbi + 4, 12, 37
     names = {"wgi": wgi_micro(cbi, xrow, ldv), "wgo": wgo_micro(cbi, ldm, rp), "gemmr": gemmr_micro(5, nr, lda),
-             "gemmr1": gemmr_micro(1, nr, lda)}  # (one row: k unrolled into partial sums)
+             "gemmr1": gemmr_micro(1, nr, lda),  # (one row: k unrolled into partial sums)
+             "wgop": wgo_micro(cbi, ldm, 5, pixel_major=True)}
     src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names.values())
     src += (f"void w_wgi(const float* x, float* v) {{ dlcc_uk_{names['wgi']}(x, v); }}\n"
             f"void w_wgo(const float* m, float* c, int64_t ldc) {{ dlcc_uk_{names['wgo']}(m, c, ldc); }}\n"
+            f"void w_wgop(const float* m, float* c, int64_t ldc) {{ dlcc_uk_{names['wgop']}(m, c, ldc); }}\n"
             f"void w_gemmr(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
             f"int64_t ncols) {{ dlcc_uk_{names['gemmr']}(kc, a, b, c, ldc, acc, ncols); }}\n"
             f"void w_gemmr1(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
@@ -102,6 +129,17 @@ def test_winograd_micro_kernels_match_their_contracts(target):
         lib.w_wgo(p(m), p(got), ldc)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
         assert (got.reshape(cbi, ldc)[:, 4:rp] == 7.0).all()
+        # pixel-major: each pixel's channels together, ldc apart; the row's fifth pixel and the gaps untouched
+        ldc = cbi + 3
+        want, got = (np.full(20 * ldc, 7.0, np.float32) for _ in range(2))
+        MICRO[names["wgop"]].reference({"m": m, "c": want}, {"m": 0, "c": 0}, {"ldc": ldc})
+        lib.w_wgop.argtypes = [ptr, ptr, i64]
+        lib.w_wgop(p(m), p(got), ldc)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        assert (got.reshape(20, ldc)[:, cbi:] == 7.0).all() and (got.reshape(4, 5, ldc)[:, 4] == 7.0).all()
+        mm = m.reshape(36, ldm)[:, :cbi].astype(np.float64).reshape(6, 6, cbi)
+        y = np.einsum("yr,rsi,zs->yzi", WINO_AT, mm, WINO_AT)
+        np.testing.assert_allclose(got.reshape(4, 5, ldc)[:, :4, :cbi], y, rtol=1e-4, atol=1e-4)
         # the GEMM tile over a row-major A: stored, added, a partial tile of columns
         kc, ldc = 29, nr + 3
         a = rng.standard_normal(5 * lda).astype(np.float32)

@@ -46,7 +46,7 @@ _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?(?:_f(\d+)x(\d+))?$")
 _GEMMQE = re.compile(r"gemmqe_(\d+)x(\d+)_(\d+)_v\d+_(n|r|c[0-9a-f]{8}_[0-9a-f]{8})$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
-_WGO = re.compile(r"wgo_(\d+)_(\d+)_(\d+)$")
+_WGO = re.compile(r"wgo(p?)_(\d+)_(\d+)_(\d+)$")
 
 
 def micro_c(name: str, lanes: int) -> str:
@@ -82,7 +82,7 @@ def micro_c(name: str, lanes: int) -> str:
         return _wgi(*(int(v) for v in m.groups()), lanes=lanes)
     m = _WGO.match(name)
     if m is not None:
-        return _wgo(*(int(v) for v in m.groups()), lanes=lanes)
+        return _wgo(*(int(v) for v in m.groups()[1:]), lanes=lanes, pixel_major=bool(m.group(1)))
     spec = AttnSpec.parse(name)
     if spec is not None:
         return _attn(spec, lanes)
@@ -690,11 +690,12 @@ def _wgi(cbi: int, xrow: int, ldv: int, *, lanes: int) -> str:
             f"{indent(chr(10).join(lines))}\n}}\n")
 
 
-def _wgo(cbi: int, ldm: int, rp: int, *, lanes: int) -> str:
+def _wgo(cbi: int, ldm: int, rp: int, *, lanes: int, pixel_major: bool = False) -> str:
     """The Winograd output transform of one tile (contract: ``lower.micro.wgo_micro``): A^T along the columns
     of the 6x6 vectors of M, then along the rows: 16 vectors, one per output pixel (channels in the lanes);
     transposed in registers (``_transpose``, lanes x lanes at a time) so that each channel's pixels are one
-    vector, stored as 4-pixel pieces of the tile's rows."""
+    vector, stored as 4-pixel pieces of the tile's rows; ``pixel_major`` (``wgop_``): each pixel's vector
+    stored as it is."""
     if cbi != lanes or lanes < 4 or 16 % lanes:
         raise ValueError(f"wgo micro-kernel: {cbi} channels on vectors of {lanes}")
     lines = ["typedef float dlcc_wg4 __attribute__((vector_size(16)));"]
@@ -707,6 +708,10 @@ def _wgo(cbi: int, ldm: int, rp: int, *, lanes: int) -> str:
         lines.append(decl([f"t{y}_{sx}" for y in range(4)], _wino_at(col)))
     for y in range(4):
         lines.append(decl([f"p{y * 4 + z}" for z in range(4)], _wino_at([f"t{y}_{sx}" for sx in range(6)])))
+    if pixel_major:
+        lines += [f"dlcc_vf_store(c + {y * rp + z} * ldc, p{y * 4 + z});" for y in range(4) for z in range(4)]
+        return (f"static void dlcc_uk_wgop_{cbi}_{ldm}_{rp}(const float* restrict m, float* restrict c, "
+                f"int64_t ldc) {{\n{indent(chr(10).join(lines[1:]))}\n}}\n")
     for gi in range(16 // lanes):
         block = _transpose([f"p{gi * lanes + j}" for j in range(lanes)], lanes)
         for o in range(lanes):

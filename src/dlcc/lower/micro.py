@@ -61,6 +61,9 @@ in ``dlcc.codegen.ukernels``; a test runs each body against its reference.
         the Winograd F(4x4, 3x3) output transform of one tile for cbi channels: with M[r, s] = m[(r*6 + s)*ldm + o],
         c[o*ldc + y*rp + z] = (A^T M A)[y, z] for o < cbi, y, z < 4 (``WINO_AT``).
 
+    wgop_{cbi}_{ldm}_{rp}(m, c, ldc)
+        the same, each output pixel's channels together: c[(y*rp + z)*ldc + o] = (A^T M A)[y, z].
+
     attn_{sq}_{sk}_{d}_{qs}_{qd}_{ks}_{kd}_{vs}_{vd}_{os}_{od}_{mk}_{ms}_{mj}_{causal}_{scale}_{fill}_{qb}_{nv}
         (q, k, v, [m,] o, ws): one head of scaled dot-product attention (``AttnSpec``):
         s[i, j] = scale * sum_{e < d} q[i*qs + e*qd] * k[j*ks + e*kd], then s[i, j] = fill where causal and
@@ -497,11 +500,35 @@ def wgi_micro(cbi: int, xrow: int, ldv: int) -> str:
     return name
 
 
-def wgo_micro(cbi: int, ldm: int, rp: int) -> str:
-    """The name of the Winograd output transform of one tile (``cbi`` channels), registering its contract."""
-    name = f"wgo_{cbi}_{ldm}_{rp}"
+def wgo_micro(cbi: int, ldm: int, rp: int, pixel_major: bool = False) -> str:
+    """The name of the Winograd output transform of one tile (``cbi`` channels), registering its contract.
+    ``pixel_major``: each output pixel's channels together (``wgop_``), for a channels-last destination."""
+    name = f"wgo{'p' * pixel_major}_{cbi}_{ldm}_{rp}"
     if name in MICRO:
         return name
+
+    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        if pixel_major:
+            return {"m": (36, ldm, cbi), "c": (3 * rp + 4, s["ldc"], cbi)}
+        return {"m": (36, ldm, cbi), "c": (cbi, s["ldc"], 3 * rp + 4)}
+
+    def reference(arrays, offsets, s) -> None:
+        m, mo = arrays["m"], offsets["m"]
+        mm = np.stack([m[mo + e * ldm:mo + e * ldm + cbi] for e in range(36)]).reshape(6, 6, cbi).astype(np.float64)
+        y = np.einsum("yr,rsi,zs->iyz", WINO_AT, mm, WINO_AT)
+        c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
+        for r in range(4):
+            for z in range(4):
+                if pixel_major:
+                    c[co + (r * rp + z) * ldc:co + (r * rp + z) * ldc + cbi] = y[:, r, z].astype(c.dtype)
+                else:
+                    c[co + r * rp + z:co + cbi * ldc + r * rp + z:ldc] = y[:, r, z].astype(c.dtype)
+
+    where = f"c[(y*{rp} + z)*ldc + o]" if pixel_major else f"c[o*ldc + y*{rp} + z]"
+    MICRO[name] = MicroKernel(
+        name, (("m", "in"), ("c", "out"), ("ldc", "int")),
+        f"{where} = (A^T M A)[y, z], M[r, s] = m[(r*6 + s)*{ldm} + o], o < {cbi}", footprint, reference)
+    return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         return {"m": (36, ldm, cbi), "c": (cbi, s["ldc"], 3 * rp + 4)}

@@ -378,7 +378,8 @@ def plan_gemm_conv(co: int, g: ConvGeometry, batch: int, target: Target, threads
 
 
 def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool,
-                   name: str = "conv_gemm", fresh: Callable[[str], str] = str, target_l2: int | None = None) -> Func:
+                   name: str = "conv_gemm", fresh: Callable[[str], str] = str, target_l2: int | None = None,
+                   channels_last: bool = False) -> Func:
     """The loop IR of a convolution ``c[b, co, pix] = sum_k W[co, k] * im2col(x[b])[pix, k]``: ``x`` (N, Ci,
     H, W), ``wp`` the weight as B (K x Co) packed by ``pack_b`` (either form), ``c`` (N, Co, P) with unit pixel stride.
     Per image, K block and row micro-panel of pixels, the panel's im2col values are gathered into the
@@ -388,7 +389,9 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     share of the next column block (``_next_block``, as ``gemm_func``): ResNet-50's strided projections read
     their weights (up to 8 MB) from memory, a block at a time (Zen 3, AVX2, alternated in the model, kernel
     minima / medians: 1024 -> 2048 channels 3.10 / 3.37 -> 2.59 / 2.86 ms at 1 thread, 1.63 / 1.97 -> 1.63 / 1.92
-    at 2; 512 -> 1024 2.77 / 2.96 -> 2.69 / 2.86 and 1.37 / 1.61 -> 1.39 / 1.53)."""
+    at 2; 512 -> 1024 2.77 / 2.96 -> 2.69 / 2.86 and 1.37 / 1.61 -> 1.39 / 1.53). ``channels_last``: ``c`` is
+    (N, P, Co) with unit channel stride instead (pixel-major: the tiles store as they are, no transpose). A
+    channels-last ``x``: the gather reads each pixel's channels along its row."""
     K, MR, KC = p.k, p.mr, p.kc
     MB, NP, NK, T = p.row_blocks, p.col_panels, p.k_blocks, p.threads
     t, b, pc, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "ib", "jp", "kk", "r", "j"))
@@ -421,7 +424,10 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
         base = simplify(base + (ib - rb0) * (KC * MR))
     pack: Stmt = For(kk, Const(0), kcv, (For(r, Const(0), rows, (Store(ws, (base + kk * rows + r,), value),)),))
     xd = x.layout.dims
-    if [d[0] for d in xd] == [0, 1, 2, 3] and xd[3][3] == 1 and all(d[1] == 1 for d in xd):
+    x_cl = x.shape[1] > 1 and xd[1][3] == 1  # (a channels-last input: a pixel's channels along a row of x)
+    if x_cl:  # (read in order, stored rows apart)
+        pack = For(r, Const(0), rows, (For(kk, Const(0), kcv, (Store(ws, (base + kk * rows + r,), value),)),))
+    elif [d[0] for d in xd] == [0, 1, 2, 3] and xd[3][3] == 1 and all(d[1] == 1 for d in xd):
         # the same gather as a micro-kernel that copies runs along output rows (the loop above divides per
         # element, which C compilers do not vectorize)
         name_ = im2col_micro(g.h, g.w, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, xd[1][3], xd[2][3], MR)
@@ -432,15 +438,20 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     ahead = _next_block(p, wp, pc, ib, jp, rb0, jfirst, kcv, target_l2) if blocked and not shared and \
         PREFETCH_CONV else None
     tiles = _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ws, (base,)), _panel(p, wp, pc, jp, k0, kcv), c,
-                   Const(c.layout.dims[1][3]), cols, epilogue, transposed=True, ahead=ahead)
+                   Const(c.layout.dims[1][3]), cols, epilogue, transposed=not channels_last, ahead=ahead)
     if shared:
         # phase 1: the threads gather row panels (all of K) into the shared workspace; phase 2: each runs
         # its output channels over every row panel, K block by K block
         t1, q = Var(fresh("t")), Var(fresh("ib"))
-        gather = Micro(pack.name, (Const(K), Const(0), q * MR, _subst_rows(rows, ib, q), pack.args[4],
-                                   Ptr(ws, (q * (K * MR),)))) if isinstance(pack, Micro) else \
-            For(kk, Const(0), Const(K), (For(r, Const(0), _subst_rows(rows, ib, q), (
-                Store(ws, (q * (K * MR) + kk * _subst_rows(rows, ib, q) + r,), _subst_value(value, ib, q, k0, pc)),)),))
+        qrows = _subst_rows(rows, ib, q)
+        one = Store(ws, (q * (K * MR) + kk * qrows + r,), _subst_value(value, ib, q, k0, pc))
+        if isinstance(pack, Micro):
+            gather: Stmt = Micro(pack.name, (Const(K), Const(0), q * MR, qrows, pack.args[4],
+                                             Ptr(ws, (q * (K * MR),))))
+        elif x_cl:
+            gather = For(r, Const(0), qrows, (For(kk, Const(0), Const(K), (one,)),))
+        else:
+            gather = For(kk, Const(0), Const(K), (For(r, Const(0), qrows, (one,)),))
         phase1 = For(t1, Const(0), Const(T), (For(q, *share(t1, MB, T), (
             For(b, Const(0), Const(1), (gather,)),)),), "parallel")
         phase2 = For(t, Const(0), Const(T), (For(b, Const(0), Const(1), (For(pc, Const(0), Const(NK), (

@@ -11,15 +11,20 @@ frameworks) has one beside every convolution. The kernels around it can often ta
 - the depthwise convolution's channel-blocked kernel repacks its input per block (``nchwc_``) and stores its
   output through its epilogue: from a channels-last input each pixel's channels are one vector load, and into a
   channels-last output each pixel's channels are one vector store (the tile kept pixel-major, no transpose);
-- the blocked direct and Winograd convolutions repack their input the same way, and the direct one's tiles
-  store pixel-major just as well (``dconvp_``);
+- the blocked direct and Winograd convolutions repack their input the same way, the direct one's tiles store
+  pixel-major just as well (``dconvp_``), and Winograd's output transform keeps each pixel's channels together
+  (``wgop_``), tile by tile;
+- a 1x1 convolution that neither of those takes is a GEMM over pixels x channels: into a channels-last output
+  its tiles store as they are (from an NCHW input the pixels are gathered per row micro-panel, from a
+  channels-last one read along their rows); its NCHW forms would gather a channels-last input instead, so it
+  reads one only into a channels-last output (``gemm_channels_last``);
 - a loop step reads every operand through its strides and runs in its destination's memory order.
 
 Rules, applied until none applies (each keeps every element's value; only where it is stored changes):
 1. NCHW -> NHWC Transpose kernel whose input X only it reads, X written by a loop step, a depthwise
-   convolution's channel-blocked kernel or a blocked direct convolution (not Winograd: its output transform
-   stores channel-major): X becomes a channels-last view of the Transpose's output (a graph output too), whose
-   writer stores into it; the Transpose kernel goes.
+   convolution's channel-blocked kernel, a blocked direct convolution or a Winograd one: X becomes a
+   channels-last view of the Transpose's output (a graph output too), whose writer stores into it; the
+   Transpose kernel goes.
 2. NHWC -> NCHW Transpose kernel whose output Y is read only by kernels that take channels-last (loop steps;
    convolutions whose kernel repacks their input, reading Y as that input): Y becomes a channels-last view of
    the Transpose's input; the Transpose kernel goes.
@@ -32,7 +37,14 @@ Rules, applied until none applies (each keeps every element's value; only where 
    whose writers read their other operands of that shape (a residual) channels-last too, found by dropping,
    until none is left to drop, each buffer that breaks one of these; of those, the ones a convolution writes
    or reads. The convolutions' tiles then store pixel-major and the next ones repack a pixel's channels as
-   one vector, where NCHW needs a transpose in registers at both ends.
+   one vector, where NCHW needs a transpose in registers at both ends. Here the 1x1 GEMMs over at least
+   ``GEMM_CHANNELS_LAST_MIN_CI`` channels count as writers (and as readers into a channels-last output), and a
+   direct convolution whose epilogue reads another tensor (a residual) stores channels-last in any order
+   (``TRUNK_RESIDUALS``): one NCHW link would break the whole residual chain of a ResNet into NCHW. ResNet-50's
+   trunk, pool to pool, is then channels-last (Zen 3, AVX2, 1 thread, alternated, sums of kernel minima:
+   83.0 -> 80.9 ms; its strided projections 2.9 -> 2.5, 2.6 -> 2.3 ms, the direct 1x1s no longer transposing
+   their input 0.05-0.17 ms less each; the 1x1 GEMMs over 64 channels were slower as pixels x channels, 0.34 ->
+   0.57 ms for 64 -> 64 at 56 x 56, and keep their NCHW forms).
 Graph inputs and outputs keep their layout; a buffer that another buffer views is left alone.
 """
 
@@ -49,9 +61,16 @@ from dlcc.schedule.dwconv import plan_dwc
 from dlcc.schedule.elementwise import inlined_nodes
 from dlcc.schedule.pwdw import _dims, depthwise_geometry
 from dlcc.schedule.target import Target, get_target
-from dlcc.schedule.workspace import blocked_conv_form, node_workspace_bytes
+from dlcc.schedule.workspace import blocked_conv_form, gemm_channels_last_form, node_workspace_bytes
 
 __all__ = ["assign_layouts", "channels_last_strides", "describe_layouts", "is_channels_last", "layout_figures"]
+
+# switches (module docstring), each measured: rule 4's 1x1 GEMMs over pixels x channels (over at least this many
+# input channels), Winograd's channels-last output, and direct convolutions with a residual in any order in rule 4
+GEMM_CHANNELS_LAST = True
+GEMM_CHANNELS_LAST_MIN_CI = 128
+WINOGRAD_CHANNELS_LAST = True
+TRUNK_RESIDUALS = True
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -152,6 +171,15 @@ class _Layouts:
         form = blocked_conv_form(node, self.p.is_constant, self.target, self.threads)
         return form[0] if form is not None else None
 
+    def gemm_channels_last(self, node: ir.Node) -> bool:
+        """Is this a 1x1 Conv that runs as the pixels-by-channels GEMM when its output is channels-last
+        (``schedule.workspace.gemm_channels_last_form``)? Rule 4 only: it takes a channels-last input only
+        into a channels-last output."""
+        if not GEMM_CHANNELS_LAST:
+            return False
+        g = gemm_channels_last_form(node, self.p.is_constant, self.target, self.threads)
+        return g is not None and g.ci >= GEMM_CHANNELS_LAST_MIN_CI
+
     def takes_channels_last(self, bids: list[int], but: Step | None = None, chosen: set[int] | None = None) -> bool:
         """Does every step reading these buffers (but ``but``) read them right stored channels-last, at no loss? A
         Conv (or pool) that repacks them as its input. Rules 2 and 3 (``chosen`` None): any loop step, and no
@@ -177,16 +205,18 @@ class _Layouts:
             a = s.anchor
             if any(v in vals for v in a.inputs[1:]):
                 return False
-            if a.inputs[0] in vals and not self.repacking_conv(a):
+            if a.inputs[0] in vals and not self.repacking_conv(a) and not (
+                    self.gemm_channels_last(a) and s.input_scale is None and same_order(s)):
                 return False
             if any(v in vals for n in s.nodes if n is not a for v in n.inputs) and not same_order(s):
                 return False
         return True
 
-    def writes_channels_last(self, bids: list[int], but: Step | None = None) -> list[Step] | None:
+    def writes_channels_last(self, bids: list[int], but: Step | None = None, trunk: bool = False) -> list[Step] | None:
         """The steps writing these buffers (but ``but``) when each can store channels-last: loop steps, the
         depthwise convolutions' channel-blocked kernels and the blocked direct ones, whose result (their
-        epilogue's end) is the buffer."""
+        epilogue's end) is the buffer; in rule 4 (``trunk``) also the 1x1 convolutions that run as the
+        pixels-by-channels GEMM then (``gemm_channels_last``), and the direct ones whatever their epilogue reads."""
         out: list[Step] = []
         for bid in bids:
             for k in self.writers(bid):
@@ -202,17 +232,27 @@ class _Layouts:
                     if s.kind != "loop":
                         if s.kind != "template" or s.producer is not None or s.scratch is not None or s.anchor is None:
                             return None
-                        if not self.blocked_depthwise(s.anchor) and not self.direct_writes_channels_last(s):
+                        if not self.template_writes_channels_last(s, trunk):
                             return None
                     out.append(s)
         return out
 
-    def direct_writes_channels_last(self, s: Step) -> bool:
+    def template_writes_channels_last(self, s: Step, trunk: bool) -> bool:
+        """Can this template step (a convolution's kernel) store its result channels-last?"""
+        a = s.anchor
+        if self.blocked_depthwise(a) or self.direct_writes_channels_last(s, trunk):
+            return True
+        if WINOGRAD_CHANNELS_LAST and self.conv_form(a) == "winograd":
+            return True
+        return trunk and s.input_scale is None and self.gemm_channels_last(a)
+
+    def direct_writes_channels_last(self, s: Step, trunk: bool = False) -> bool:
         """Does this Conv step run as the blocked direct kernel, and store channels-last at no loss? Its epilogue
         then runs per pixel along the channels; with output-channel tiles outside (a plan other than rows
         outside), per pixel along one tile's channels, which is as fast except where the epilogue reads another
         tensor (a residual add): 128 bytes every few KB, which the prefetchers do not follow (ResNet-50's
-        256 -> 1024 channels at 14 x 14 with their residual, 0.45 -> 0.49 ms)."""
+        256 -> 1024 channels at 14 x 14 with their residual, 0.45 -> 0.49 ms), a loss rule 4 (``trunk``) takes
+        where ``TRUNK_RESIDUALS``."""
         a = s.anchor
         if a is None or a.op_type != "Conv" or a.domain not in ("", "ai.onnx") or len(a.inputs) < 2:
             return False
@@ -222,7 +262,7 @@ class _Layouts:
         shape = _dims(a.outputs[0])
         operands = [v for n in s.nodes if n is not a for v in n.inputs
                     if v in self.p.value_buffer and self.p.buffers[self.p.value_buffer[v]].shape == shape]
-        if not operands:
+        if not operands or (trunk and TRUNK_RESIDUALS):
             return True
         co, batch = shape[1], shape[0]
         return plan_direct(co, form[1], batch, self.target, self.threads).order == "rows"
@@ -333,7 +373,7 @@ class _Layouts:
             fam = self.family(bid)
             if fam is None:
                 continue
-            writers = self.writes_channels_last(fam)
+            writers = self.writes_channels_last(fam, trunk=True)
             if writers:
                 cands[bid] = (fam, writers)
         chosen = set(cands)

@@ -262,11 +262,13 @@ def pack_winograd(w: np.ndarray, p: WinoPlan) -> np.ndarray:
 
 
 def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_winograd",
-              fresh: Callable[[str], str] = str) -> Func:
+              fresh: Callable[[str], str] = str, channels_last: bool = False) -> Func:
     """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy + ky - ph, ox + kx - pw]`` (zero
-    padding) following ``p`` (module docstring): ``x`` (N, Ci, H, W) with unit column stride, ``up`` the weight
-    packed by ``pack_winograd``, ``c`` (N, Co, OH*OW) with unit pixel stride, ``ws`` the workspace (the repacked
-    input, then each thread's V and M)."""
+    padding) following ``p`` (module docstring): ``x`` (N, Ci, H, W) with unit column stride or channels-last,
+    ``up`` the weight packed by ``pack_winograd``, ``c`` (N, Co, OH*OW) with unit pixel stride, ``ws`` the
+    workspace (the repacked input, then each thread's V and M). ``channels_last``: ``c``'s channels are
+    contiguous instead; the output transform keeps each pixel's channels together (``wgop_``) and the epilogue
+    runs along them."""
     g, T, cbi, mr, nr = p.g, p.threads, p.cbi, p.mr, p.nr
     t1, t2, b, cb, blk, cbx, ty, tx, xi, jp, rp, kb, o, yy, q = (
         Var(fresh(v)) for v in ("t", "t", "b", "cb", "blk", "cbx", "ty", "tx", "xi", "jp", "rp", "kb", "o", "yy", "q"))
@@ -312,24 +314,41 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     # per block of cbi output channels: the output transform of every tile into the block's rows, the epilogue
     rpitch = 4 * tw
     span = 4 * p.tr * rpitch
-    acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span)), "stack")
-    moff = simplify(mbase + (ty * tw + tx) * kp + kb * cbi)
-    transform_out = For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
-        Micro(wgo_micro(cbi, ldm, rpitch), (Ptr(ws, (moff,)), Ptr(acc, (Const(0), simplify(ty * (4 * rpitch)
-                                                                                                 + tx * 4))),
-                                              Const(span))),)),))
     rows: Expr = Const(4 * p.tr)
     if g.oh != 4 * p.tr * p.nblk:
         rows = simplify(Bin("min", rows, Const(g.oh) - ty0 * 4))
     nch = simplify(Bin("min", Const(cbi), Const(p.co) - kb * cbi)) if p.co % cbi else Const(cbi)
-    if g.ow == rpitch:  # the block's rows are contiguous in the output plane: one loop along them
-        epi: Stmt = For(q, Const(0), simplify(rows * g.ow), (
-            Epilogue((b, simplify(kb * cbi + o), simplify(ty0 * (4 * g.ow) + q)), Load(acc, (o, q))),), "vectorized")
+    moff = simplify(mbase + (ty * tw + tx) * kp + kb * cbi)
+    if channels_last:
+        # per tile, per block of output channels: the tile's 16 pixels (each its channels together) through the
+        # epilogue, so that the blocks of a pixel's channels are stored one after the other
+        tile = Buf(fresh("acc"), "float32", Layout.strided((16, cbi)), "stack")
+        ny = Bin("min", Const(4), rows - ty * 4)
+        nx = Bin("min", Const(4), Const(g.ow) - tx * 4) if g.ow % 4 else Const(4)
+        pix = simplify((ty0 * 4 + ty * 4 + yy) * g.ow + tx * 4 + q)
+        epi_t = For(yy, Const(0), simplify(ny), (For(q, Const(0), nx, (For(o, Const(0), nch, (
+            Epilogue((b, simplify(kb * cbi + o), pix), Load(tile, (simplify(yy * 4 + q), o))),), "vectorized"),)),))
+        outputs: Stmt = For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (For(kb, kb0, kb1, (
+            Alloc(tile, (Micro(wgo_micro(cbi, ldm, 4, True), (Ptr(ws, (moff,)), Ptr(tile, (Const(0), Const(0))),
+                                                             Const(cbi))), epi_t)),)),)),))
     else:
-        epi = For(yy, Const(0), rows, (For(q, Const(0), Const(g.ow), (
-            Epilogue((b, simplify(kb * cbi + o), simplify((ty0 * 4 + yy) * g.ow + q)),
-                     Load(acc, (o, simplify(yy * rpitch + q)))),), "vectorized"),))
-    outputs = For(kb, kb0, kb1, (Alloc(acc, (transform_out, For(o, Const(0), nch, (epi,)))),))
+        # per block of cbi output channels: the output transform of every tile into the block's rows, the epilogue
+        rpitch = 4 * tw
+        span = 4 * p.tr * rpitch
+        acc = Buf(fresh("acc"), "float32", Layout.strided((cbi, span)), "stack")
+        transform_out = For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
+            Micro(wgo_micro(cbi, ldm, rpitch), (Ptr(ws, (moff,)), Ptr(acc, (Const(0), simplify(ty * (4 * rpitch)
+                                                                                                     + tx * 4))),
+                                                  Const(span))),)),))
+        if g.ow == rpitch:  # the block's rows are contiguous in the output plane: one loop along them
+            epi: Stmt = For(q, Const(0), simplify(rows * g.ow), (
+                Epilogue((b, simplify(kb * cbi + o), simplify(ty0 * (4 * g.ow) + q)), Load(acc, (o, q))),),
+                "vectorized")
+        else:
+            epi = For(yy, Const(0), rows, (For(q, Const(0), Const(g.ow), (
+                Epilogue((b, simplify(kb * cbi + o), simplify((ty0 * 4 + yy) * g.ow + q)),
+                         Load(acc, (o, simplify(yy * rpitch + q)))),), "vectorized"),))
+        outputs = For(kb, kb0, kb1, (Alloc(acc, (transform_out, For(o, Const(0), nch, (epi,)))),))
 
     phase2: Stmt = For(b, Const(0), Const(p.batch), (For(blk, b0, b1, (transform_in, products, outputs)),))
     if T > 1:  # (each thread its blocks or its channels, in its own V and M: the thread index addresses them)

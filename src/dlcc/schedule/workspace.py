@@ -41,7 +41,7 @@ from dlcc.schedule.pwdw import fused_plan
 from dlcc.schedule.target import Target
 from dlcc.schedule.winograd import plan_winograd, use_winograd
 
-__all__ = ["blocked_conv_form", "declare_workspace", "node_workspace_bytes"]
+__all__ = ["blocked_conv_form", "declare_workspace", "gemm_channels_last_form", "node_workspace_bytes"]
 
 
 def _shape(v: ir.Value) -> tuple[int, ...]:
@@ -99,6 +99,38 @@ def blocked_conv_form(node: ir.Node, is_const: Callable[[ir.Value], bool], targe
     if use_winograd(g, co, batch, target, threads):
         return "winograd", g
     return "direct", flat_pointwise(g, co, target, threads)
+
+
+def gemm_channels_last_form(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target,
+                            threads: int) -> ConvGeometry | None:
+    """The geometry of a 1x1 group-1 convolution with a weight, unpadded, any stride, that neither the Winograd
+    nor the blocked direct kernel takes, else None. With its output channels-last it is a GEMM with no
+    transposed store: output pixels as rows (gathered at the stride per row micro-panel, or read in place from
+    a channels-last input), output channels as columns (the weight packed at compile time), C stored
+    pixel-major (``codegen.templates.conv``). The layout pass stores its output so where it runs from a
+    channels-last input, whose other forms would gather it (``schedule.layouts``)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        return None
+    conv = _conv2d(node, is_const)
+    if conv is None or (conv[0].kh, conv[0].kw) != (1, 1) or blocked_conv_form(node, is_const, target,
+                                                                               threads) is not None:
+        return None
+    g = conv[0]
+    try:
+        pb, pe = conv_pads(node_attr(node), "Conv", (g.h, g.w), (g.oh, g.ow), (1, 1), [g.sh, g.sw], [g.dh, g.dw])
+    except TemplateError:
+        return None
+    if any(pb) or any(pe) or (g.h - 1) // g.sh + 1 != g.oh or (g.w - 1) // g.sw + 1 != g.ow:
+        return None
+    return g
+
+
+def gemm_channels_last_bytes(g: ConvGeometry, co: int, batch: int, target: Target, threads: int) -> int:
+    """The workspace of that GEMM: stride 1, the images' pixels as one matrix's rows (``plan_gemm``); else the
+    pixels gathered per row micro-panel (``plan_gemm_conv``)."""
+    if (g.sh, g.sw) == (1, 1):
+        return plan_gemm(batch * g.oh * g.ow, co, g.ci, target, threads).workspace_bytes
+    return plan_gemm_conv(co, g, batch, target, threads).workspace_bytes
 
 
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
@@ -183,9 +215,10 @@ def _direct_in_place(node: ir.Node, is_const: Callable[[ir.Value], bool], target
 
 
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int,
-                         strides: tuple[int, ...] | None = None) -> int:
+                         strides: tuple[int, ...] | None = None, channels_last: bool = False) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight? ``strides``: its
-    first input's, where known: a direct convolution reading it in place asks for none)."""
+    first input's, where known: a direct convolution reading it in place asks for none; ``channels_last``: its
+    output is stored so, ``schedule.layouts``)."""
     if node.op_type == "Attention" and node.domain == "dlcc":
         return _attention_bytes(node, target, threads)
     if node.op_type in ("MaxPool", "AveragePool") and node.inputs and node.inputs[0] is not None:
@@ -201,6 +234,9 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
             return _blocked_depthwise_bytes(node, (ws[2], ws[3]), target, threads) if len(ws) == 4 else 0
         if _direct_in_place(node, is_const, target, threads, strides):
             return 0
+        gcl = gemm_channels_last_form(node, is_const, target, threads) if channels_last else None
+        if gcl is not None:
+            return gemm_channels_last_bytes(gcl, _shape(w)[0], _shape(x)[0], target, threads)
         dims = _pointwise_conv_dims(node, is_const)
         rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
         if dims is not None:  # a 1x1 stride-1 one may take either form: room for both
@@ -230,7 +266,7 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
             x = step.anchor.inputs[0] if step.anchor.inputs else None
             strides = p.window(p.value_buffer[x])[2] if x in p.value_buffer and step.input_scale is None else None
             nbytes = 4 * fused.workspace_floats if fused is not None else \
-                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides)
+                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides, step.channels_last)
             if nbytes and step.input_scale is not None:  # the folded per-channel scale (``chscale``), after the
                 n, c = (int(d) for d in step.input_scale.outputs[0].shape[:2])  # repacking: one per image, channel
                 nbytes += 4 * n * c

@@ -30,6 +30,7 @@ import numpy as np
 
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
+from dlcc.codegen.templates.matmul import _verify_packed_once
 from dlcc.lower.lir import Buf, Func, Layout, verify_func
 from dlcc.lower.micro import post_tag
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
@@ -49,10 +50,12 @@ from dlcc.schedule.gemm import (
     ConvGeometry,
     GemmPlan,
     conv_gemm_pays,
+    gemm_func,
     gemm_func_conv,
     gemm_func_wconst,
     pack_a,
     pack_b,
+    plan_gemm,
     plan_gemm_conv,
     plan_gemm_wconst,
 )
@@ -154,8 +157,19 @@ def conv(call: TemplateCall) -> str:
                  and direct_pays(g, M, call.target))
     if not call.scratch.contiguous or call.input_scale is not None:
         # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
-        # kernel above, or the direct one) or a per-channel scale folded into the input (``schedule.chscale``)
-        blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g) if direct_ok else None
+        # kernel above, the Winograd or the direct one, or a 1x1 as the pixels-by-channels GEMM) or a per-channel
+        # scale folded into the input (``schedule.chscale``)
+        blocked = None
+        if (call.input_scale is None and r == 2 and group == 1 and w.const is not None and repacks
+                and call.workspace is not None and trim_taps(g)[0] == g
+                and use_winograd(g, M, N, call.target, call.threads)):
+            blocked = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+        if blocked is None and direct_ok:
+            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+        if (blocked is None and call.scratch.channels_last and call.input_scale is None
+                and r == 2 and group == 1 and w.const is not None and call.workspace is not None
+                and tuple(ks) == (1, 1) and not any(pb) and not any(pe)):
+            blocked = _gemm_channels_last(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, g)
         if blocked is not None:
             return blocked
         raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
@@ -289,6 +303,58 @@ def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Te
     return call.emit(f, store, {wsb.name: ws.base()})
 
 
+def _gemm_channels_last(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
+                        g: ConvGeometry) -> str | None:
+    """A 1x1 group-1 unpadded convolution into a channels-last output
+    (``schedule.workspace.gemm_channels_last_form``) as a GEMM with output pixels as rows and output channels as
+    columns, the weight packed at compile time: stride 1 over a channels-last input (its images one after the
+    other) or one NCHW image, the packed GEMM of a MatMul over the pixels (``gemm_func``: A, the input, read in
+    place where row-major, else packed per row micro-panel); else the pixels gathered at the stride per row
+    micro-panel (``gemm_func_conv``, pixel-major). Bias in the epilogue, stored along the channels."""
+    N, C = xref.shape[:2]
+    M, P = w2.shape[0], g.oh * g.ow
+    ws, c, names = call.workspace, call.scratch, call.names
+    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    trivial = call.direct and bref is None
+    l2 = call.target.l2_bytes
+    outs = [g.oh, g.ow]
+    xcl = xref.channels_last and C > 1
+    rows = (C, 1) if xcl else (1, xref.strides[1])  # (a row: a pixel, its channels C apart in NCHW)
+    if (g.sh, g.sw) == (1, 1) and c.strides[0] == P * M and (N == 1 or (xcl and xref.strides[0] == P * C)) and (
+            xcl or _flat_ok(xref, 2)):
+        plan = plan_gemm(N * P, M, C, call.target, call.threads)
+        if plan.workspace_bytes > 4 * ws.size:
+            return None
+        packed = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
+        a = Buf(xref.ptr, "float32", Layout.strided((N * P, C), rows, xref.offset))
+        bp = Buf(packed.ptr, "float32", Layout.strided(packed.shape))
+        cb = Buf(c.ptr, "float32", Layout.strided((N * P, M), (M, 1), c.offset))
+        f = gemm_func(plan, a, bp, cb, wsb, not trivial, fresh=names, target_l2=l2)
+        _verify_packed_once(plan, rows, not trivial, ws.size, l2)
+
+        def store(idx, v):
+            row, col = idx
+            n, px = ("0", row) if N == 1 else (f"({row}) / {P}", f"({row}) % {P}")
+            return _pixel_store(call, bref, outs, [n, col, px], v)
+
+        return call.emit(f, store, {wsb.name: ws.base()})
+    plan = plan_gemm_conv(M, g, N, call.target, call.threads)
+    if plan.workspace_bytes > 4 * ws.size:
+        return None
+    bpk = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
+    wp = Buf(bpk.ptr, "float32", Layout.strided(bpk.shape))
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, P, M), (c.strides[0], M, 1), c.offset))
+    f = gemm_func_conv(plan, g, x, wp, cb, wsb, not trivial, fresh=names, target_l2=l2, channels_last=True)
+    _verify_conv_once(plan, g, xref.shape, xref.strides, not trivial, ws.size, l2, True)
+
+    def store_px(idx, v):
+        n, px, col = idx
+        return _pixel_store(call, bref, outs, [n, col, px], v)
+
+    return call.emit(f, store_px, {wsb.name: ws.base()})
+
+
 def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorRef | None,
                     g: ConvGeometry) -> str | None:
     """A 2-D group-1 convolution as the direct convolution of the loop IR over a channel-blocked copy of the
@@ -373,13 +439,15 @@ def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan,
 
 @functools.lru_cache(maxsize=256)
 def _verify_conv_once(plan: GemmPlan, g: ConvGeometry, shape: tuple[int, ...], strides: tuple[int, ...],
-                      epilogue: bool, ws_floats: int, target_l2: int | None = None) -> None:
+                      epilogue: bool, ws_floats: int, target_l2: int | None = None,
+                      channels_last: bool = False) -> None:
     """verify_func on the loop IR of ``plan`` (the same for every convolution with this geometry)."""
     x = Buf("x", "float32", Layout.strided(shape, strides))
     wp = Buf("w", "float32", Layout.strided((plan.col_panels * plan.k * plan.nr,)))  # (K block by K block)
-    c = Buf("c", "float32", Layout.strided((plan.batch, plan.n, plan.m)))
+    c = Buf("c", "float32", Layout.strided((plan.batch, plan.m, plan.n) if channels_last else
+                                           (plan.batch, plan.n, plan.m)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
-    verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue, target_l2=target_l2))
+    verify_func(gemm_func_conv(plan, g, x, wp, c, ws, epilogue, target_l2=target_l2, channels_last=channels_last))
 
 
 def _pointwise_depthwise(call: TemplateCall) -> str:
