@@ -126,11 +126,13 @@ def gemm_channels_last_form(node: ir.Node, is_const: Callable[[ir.Value], bool],
 
 
 def gemm_channels_last_bytes(g: ConvGeometry, co: int, batch: int, target: Target, threads: int) -> int:
-    """The workspace of that GEMM: stride 1, the images' pixels as one matrix's rows (``plan_gemm``); else the
-    pixels gathered per row micro-panel (``plan_gemm_conv``)."""
+    """The workspace of that GEMM: the pixels gathered per row micro-panel (``plan_gemm_conv``), or at stride 1
+    the images' pixels as one matrix's rows (``plan_gemm``), which the template takes where the input's layout
+    allows (room for either)."""
+    gathered = plan_gemm_conv(co, g, batch, target, threads).workspace_bytes
     if (g.sh, g.sw) == (1, 1):
-        return plan_gemm(batch * g.oh * g.ow, co, g.ci, target, threads).workspace_bytes
-    return plan_gemm_conv(co, g, batch, target, threads).workspace_bytes
+        return max(gathered, plan_gemm(batch * g.oh * g.ow, co, g.ci, target, threads).workspace_bytes)
+    return gathered
 
 
 def _conv_gemm_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int) -> int:
