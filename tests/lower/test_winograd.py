@@ -40,9 +40,12 @@ CASES = [  # n, ci, h, w, co, pad, threads
 ]
 
 
-@pytest.mark.parametrize("target,n,ci,h,w,co,pad,threads",
-                         [(t, *c) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for c in CASES])
-def test_winograd_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
+@pytest.mark.parametrize("target,n,ci,h,w,co,pad,threads,cl", [
+    (t, *c, cl) for t in ("x86-64-v4", "x86-64-v3", "aarch64") for c in CASES for cl in (False, True)])
+def test_winograd_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads, cl):
+    """Against a float64 convolution; ``cl``: channels-last input and output (``channels_last``), per tile and
+    block of output channels the tile's pixels through the epilogue (``wgop_``), nothing handed for the tiles
+    past the plane's last rows and columns."""
     rng = np.random.default_rng(3)
     x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
     wt = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
@@ -51,39 +54,19 @@ def test_winograd_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
     g = ConvGeometry(ci, h, w, oh, ow, 3, 3, 1, 1, 1, 1, pad, pad)
     p = plan_winograd(co, g, n, get_target(target), threads)
     up = pack_winograd(wt, p)
-    f = wino_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))), Buf("up", "float32", Layout.strided(up.shape)),
-                  Buf("c", "float32", Layout.strided((n, co, oh * ow))),
-                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
+    xs = (h * w * ci, 1, w * ci, ci) if cl else None
+    cs = (oh * ow * co, 1, co) if cl else None
+    f = wino_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w), xs)),
+                  Buf("up", "float32", Layout.strided(up.shape)),
+                  Buf("c", "float32", Layout.strided((n, co, oh * ow), cs)),
+                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), channels_last=cl)
     verify_func(f)
-    out, seen = _run_conv_ir(f, x, "up", up, (n, co, oh * ow), p.workspace_floats)
+    assert ("wgop_" in print_func(f)) == cl
+    out, seen = _run_conv_ir(f, x.transpose(0, 2, 3, 1) if cl else x, "up", up, (n, co, oh * ow),
+                             p.workspace_floats)
     scale = np.abs(ref).max()
     np.testing.assert_allclose(out.reshape(ref.shape) / scale, ref / scale, atol=1e-5)
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
-
-
-@pytest.mark.parametrize("target,n,ci,h,w,co,pad,threads",
-                         [(t, *c) for t in ("x86-64-v3", "aarch64") for c in CASES])
-def test_winograd_channels_last_loop_ir_matches_numpy(target, n, ci, h, w, co, pad, threads):
-    """Channels-last input and output (``channels_last``): per tile, per block of output channels, the tile's
-    pixels through the epilogue (``wgop_``); tiles past the plane's last rows and columns hand nothing."""
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
-    wt = rng.standard_normal((co, ci, 3, 3)).astype(np.float32)
-    ref = _conv_ref(x, wt, (1, 1), (1, 1), (pad, pad))
-    oh, ow = ref.shape[2:]
-    g = ConvGeometry(ci, h, w, oh, ow, 3, 3, 1, 1, 1, 1, pad, pad)
-    p = plan_winograd(co, g, n, get_target(target), threads)
-    up = pack_winograd(wt, p)
-    f = wino_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w), (h * w * ci, 1, w * ci, ci))),
-                  Buf("up", "float32", Layout.strided(up.shape)),
-                  Buf("c", "float32", Layout.strided((n, co, oh * ow), (oh * ow * co, 1, co))),
-                  Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"), channels_last=True)
-    verify_func(f)
-    assert "wgop_" in print_func(f)
-    out, seen = _run_conv_ir(f, x.transpose(0, 2, 3, 1), "up", up, (n, co, oh * ow), p.workspace_floats)
-    scale = np.abs(ref).max()
-    np.testing.assert_allclose(out.reshape(ref.shape) / scale, ref / scale, atol=1e-5)
-    assert len(seen) == len(set(seen)) == out.size
 
 
 @pytest.mark.parametrize("target", runnable_targets())

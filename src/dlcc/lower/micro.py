@@ -530,24 +530,6 @@ def wgo_micro(cbi: int, ldm: int, rp: int, pixel_major: bool = False) -> str:
         f"{where} = (A^T M A)[y, z], M[r, s] = m[(r*6 + s)*{ldm} + o], o < {cbi}", footprint, reference)
     return name
 
-    def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        return {"m": (36, ldm, cbi), "c": (cbi, s["ldc"], 3 * rp + 4)}
-
-    def reference(arrays, offsets, s) -> None:
-        m, mo = arrays["m"], offsets["m"]
-        mm = np.stack([m[mo + e * ldm:mo + e * ldm + cbi] for e in range(36)]).reshape(6, 6, cbi).astype(np.float64)
-        y = np.einsum("yr,rsi,zs->iyz", WINO_AT, mm, WINO_AT)
-        c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
-        for o in range(cbi):
-            for r in range(4):
-                c[co + o * ldc + r * rp:co + o * ldc + r * rp + 4] = y[o, r].astype(c.dtype)
-
-    MICRO[name] = MicroKernel(
-        name, (("m", "in"), ("c", "out"), ("ldc", "int")),
-        f"c[o*ldc + y*{rp} + z] = (A^T M A)[y, z], M[r, s] = m[(r*6 + s)*{ldm} + o], o < {cbi}", footprint,
-        reference)
-    return name
-
 
 def _f32_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", float(np.float32(x))))[0]
