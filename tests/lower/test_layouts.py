@@ -380,7 +380,7 @@ def test_dense_block_with_concats(threads):
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
 
 
-def _stage(c=128, h=18, n=1, seed=0):
+def _stage(c=128, h=14, n=1, seed=0):
     """A ResNet stage's shapes on 16 registers (x86-64-v3): stem, a max pool too wide for the channel-blocked
     form (NCHW), a 1x1 reduction to c/4 channels (the pixels-by-channels GEMM from that NCHW input), a 3x3
     back to c (Winograd), a strided 1x1 to 2c plus a strided 1x1 projection of the pool (both GEMMs), the sum,

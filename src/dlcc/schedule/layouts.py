@@ -38,8 +38,9 @@ Rules, applied until none applies (each keeps every element's value; only where 
    until none is left to drop, each buffer that breaks one of these; of those, the ones a convolution writes
    or reads. The convolutions' tiles then store pixel-major and the next ones repack a pixel's channels as
    one vector, where NCHW needs a transpose in registers at both ends. Here the 1x1 GEMMs over at least
-   ``GEMM_CHANNELS_LAST_MIN_CI`` channels count as writers (and as readers into a channels-last output), and a
-   direct convolution whose epilogue reads another tensor (a residual) stores channels-last in any order
+   ``GEMM_CHANNELS_LAST_MIN_CI`` channels, strided or on rows of at most 16 pixels, count as writers (and as
+   readers into a channels-last output), and a direct convolution whose epilogue reads another tensor (a
+   residual) stores channels-last in any order
    (``TRUNK_RESIDUALS``): one NCHW link would break the whole residual chain of a ResNet into NCHW. ResNet-50's
    trunk, pool to pool, is then channels-last (Zen 3, AVX2, 1 thread, alternated, sums of kernel minima:
    83.0 -> 80.9 ms; its strided projections 2.9 -> 2.5, 2.6 -> 2.3 ms, the direct 1x1s no longer transposing
