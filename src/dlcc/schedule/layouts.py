@@ -172,13 +172,13 @@ class _Layouts:
         form = blocked_conv_form(node, self.p.is_constant, self.target, self.threads)
         return form[0] if form is not None else None
 
-    def gemm_channels_last(self, node: ir.Node) -> bool:
-        """Is this a 1x1 Conv that runs as the pixels-by-channels GEMM when its output is channels-last
-        (``schedule.workspace.gemm_channels_last_form``)? Rule 4 only: it takes a channels-last input only
-        into a channels-last output."""
-        if not GEMM_CHANNELS_LAST:
+    def gemm_channels_last(self, s: Step) -> bool:
+        """Is this step's Conv a 1x1 that runs as the pixels-by-channels GEMM when its output is channels-last
+        (``schedule.workspace.gemm_channels_last_form``; no folded input scale)? Rule 4 only: it takes a
+        channels-last input only into a channels-last output."""
+        if not GEMM_CHANNELS_LAST or s.input_scale is not None:
             return False
-        g = gemm_channels_last_form(node, self.p.is_constant, self.target, self.threads)
+        g = gemm_channels_last_form(s.anchor, self.p.is_constant, self.target, self.threads)
         return g is not None and g.ci >= GEMM_CHANNELS_LAST_MIN_CI
 
     def takes_channels_last(self, bids: list[int], but: Step | None = None, chosen: set[int] | None = None) -> bool:
@@ -207,7 +207,7 @@ class _Layouts:
             if any(v in vals for v in a.inputs[1:]):
                 return False
             if a.inputs[0] in vals and not self.repacking_conv(a) and not (
-                    self.gemm_channels_last(a) and s.input_scale is None and same_order(s)):
+                    self.gemm_channels_last(s) and same_order(s)):
                 return False
             if any(v in vals for n in s.nodes if n is not a for v in n.inputs) and not same_order(s):
                 return False
@@ -245,7 +245,7 @@ class _Layouts:
             return True
         if WINOGRAD_CHANNELS_LAST and self.conv_form(a) == "winograd":
             return True
-        return trunk and s.input_scale is None and self.gemm_channels_last(a)
+        return trunk and self.gemm_channels_last(s)
 
     def direct_writes_channels_last(self, s: Step, trunk: bool = False) -> bool:
         """Does this Conv step run as the blocked direct kernel, and store channels-last at no loss? Its epilogue

@@ -149,27 +149,27 @@ def conv(call: TemplateCall) -> str:
     in_place = (r == 2 and group == 1 and repacks and call.input_scale is None
                 and direct_pays(g, M, call.target) and reads_in_place(g, xref.strides, call.target.lanes))
     has_ws = call.workspace is not None or in_place
-    if (r == 2 and group == C == M and C > 1 and w.const is not None and call.pack is not None and repacks):
-        dw = _depthwise(call, xref, np.asarray(w.const, dtype=np.float32).reshape(C, -1), bref, g)
+    w4 = np.asarray(w.const, dtype=np.float32) if w.const is not None else None
+    if (r == 2 and group == C == M and C > 1 and w4 is not None and call.pack is not None and repacks):
+        dw = _depthwise(call, xref, w4.reshape(C, -1), bref, g)
         if dw is not None:
             return dw
     direct_ok = (r == 2 and group == 1 and w.const is not None and has_ws and repacks
                  and direct_pays(g, M, call.target))
+    winograd_ok = (r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks
+                   and call.input_scale is None and trim_taps(g)[0] == g
+                   and use_winograd(g, M, N, call.target, call.threads))
     if not call.scratch.contiguous or call.input_scale is not None:
         # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
         # kernel above, the Winograd or the direct one, or a 1x1 as the pixels-by-channels GEMM) or a per-channel
         # scale folded into the input (``schedule.chscale``)
-        blocked = None
-        if (call.input_scale is None and r == 2 and group == 1 and w.const is not None and repacks
-                and call.workspace is not None and trim_taps(g)[0] == g
-                and use_winograd(g, M, N, call.target, call.threads)):
-            blocked = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+        blocked = _winograd(call, xref, w4, bref, g) if winograd_ok else None
         if blocked is None and direct_ok:
-            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+            blocked = _blocked_direct(call, xref, w4, bref, g)
         if (blocked is None and call.scratch.channels_last and call.input_scale is None
-                and r == 2 and group == 1 and w.const is not None and call.workspace is not None
+                and r == 2 and group == 1 and w4 is not None and call.workspace is not None
                 and tuple(ks) == (1, 1) and not any(pb) and not any(pe)):
-            blocked = _gemm_channels_last(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, g)
+            blocked = _gemm_channels_last(call, xref, w4.reshape(M, C), bref, g)
         if blocked is not None:
             return blocked
         raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
@@ -177,20 +177,20 @@ def conv(call: TemplateCall) -> str:
     # (a direct kernel reading its input in place takes no workspace, and no form below it is asked)
     gemm_ok = group == 1 and w.const is not None and has_ws and call.scratch.contiguous
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
-        if repacks and trim_taps(g)[0] == g and use_winograd(g, M, N, call.target, call.threads):
-            wino = _winograd(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+        if winograd_ok:
+            wino = _winograd(call, xref, w4, bref, g)
             if wino is not None:
                 return wino
         if direct_ok:
-            blocked = _blocked_direct(call, xref, np.asarray(w.const, dtype=np.float32), bref, g)
+            blocked = _blocked_direct(call, xref, w4, bref, g)
             if blocked is not None:
                 return blocked
         if conv_gemm_pays(g, M) and (not pointwise or g.ow <= POINTWISE_ROWS_MAX_OW):
-            packed = _im2col_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, -1), bref, g)
+            packed = _im2col_packed(call, xref, w4.reshape(M, -1), bref, g)
             if packed is not None:
                 return packed
     if pointwise and gemm_ok and _flat_ok(xref, 2):  # pixels as columns
-        packed = _pointwise_packed(call, xref, np.asarray(w.const, dtype=np.float32).reshape(M, C), bref, outs)
+        packed = _pointwise_packed(call, xref, w4.reshape(M, C), bref, outs)
         if packed is not None:
             return packed
     return _rows(call, xref, w, bref, pointwise and r > 1 and _flat_ok(xref, 2))
@@ -320,40 +320,35 @@ def _gemm_channels_last(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bre
     trivial = call.direct and bref is None
     l2 = call.target.l2_bytes
     outs = [g.oh, g.ow]
-    if (g.sh, g.sw) == (1, 1) and c.strides[0] == P * M and xref.channels_last and C > 1 and (
-            N == 1 or xref.strides[0] == P * C):
-        rows = (C, 1)
-        plan = plan_gemm(N * P, M, C, call.target, call.threads)
-        if plan.workspace_bytes > 4 * ws.size:
-            return None
-        packed = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
-        a = Buf(xref.ptr, "float32", Layout.strided((N * P, C), rows, xref.offset))
-        bp = Buf(packed.ptr, "float32", Layout.strided(packed.shape))
+    rowmajor = ((g.sh, g.sw) == (1, 1) and c.strides[0] == P * M and xref.channels_last and C > 1
+                and (N == 1 or xref.strides[0] == P * C))
+    plan = plan_gemm(N * P, M, C, call.target, call.threads) if rowmajor else \
+        plan_gemm_conv(M, g, N, call.target, call.threads)
+    if plan.workspace_bytes > 4 * ws.size:
+        return None
+    packed = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
+    wp = Buf(packed.ptr, "float32", Layout.strided(packed.shape))
+    if rowmajor:
+        a = Buf(xref.ptr, "float32", Layout.strided((N * P, C), (C, 1), xref.offset))
         cb = Buf(c.ptr, "float32", Layout.strided((N * P, M), (M, 1), c.offset))
-        f = gemm_func(plan, a, bp, cb, wsb, not trivial, fresh=names, target_l2=l2)
-        _verify_packed_once(plan, rows, not trivial, ws.size, l2)
+        f = gemm_func(plan, a, wp, cb, wsb, not trivial, fresh=names, target_l2=l2)
+        _verify_packed_once(plan, (C, 1), not trivial, ws.size, l2)
 
         def store(idx, v):
             row, col = idx
             n, px = ("0", row) if N == 1 else (f"({row}) / {P}", f"({row}) % {P}")
             return _pixel_store(call, bref, outs, [n, col, px], v)
+    else:
+        x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+        cb = Buf(c.ptr, "float32", Layout.strided((N, P, M), (c.strides[0], M, 1), c.offset))
+        f = gemm_func_conv(plan, g, x, wp, cb, wsb, not trivial, fresh=names, target_l2=l2, channels_last=True)
+        _verify_conv_once(plan, g, xref.shape, xref.strides, not trivial, ws.size, l2, True)
 
-        return call.emit(f, store, {wsb.name: ws.base()})
-    plan = plan_gemm_conv(M, g, N, call.target, call.threads)
-    if plan.workspace_bytes > 4 * ws.size:
-        return None
-    bpk = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
-    wp = Buf(bpk.ptr, "float32", Layout.strided(bpk.shape))
-    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, P, M), (c.strides[0], M, 1), c.offset))
-    f = gemm_func_conv(plan, g, x, wp, cb, wsb, not trivial, fresh=names, target_l2=l2, channels_last=True)
-    _verify_conv_once(plan, g, xref.shape, xref.strides, not trivial, ws.size, l2, True)
+        def store(idx, v):
+            n, px, col = idx
+            return _pixel_store(call, bref, outs, [n, col, px], v)
 
-    def store_px(idx, v):
-        n, px, col = idx
-        return _pixel_store(call, bref, outs, [n, col, px], v)
-
-    return call.emit(f, store_px, {wsb.name: ws.base()})
+    return call.emit(f, store, {wsb.name: ws.base()})
 
 
 def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorRef | None,
