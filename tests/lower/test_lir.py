@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dlcc.schedule.gemm as gemm_mod
 from dlcc.build.cc import compile_files, compiler, flags_for
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.lir_c import print_c
@@ -42,10 +43,11 @@ from dlcc.lower.lir import (
     run_func,
     verify_func,
 )
-from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmr_micro, gemmt_micro, im2col_micro
+from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmb_micro, gemmr_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     ConvGeometry,
+    b_in_place,
     gemm_func,
     gemm_func_batched,
     gemm_func_conv,
@@ -180,6 +182,46 @@ def test_gemm_micro_kernels_match_their_contract(target):
             got = c0.copy()
             fn = getattr(lib, f"w_{name}")
             ptr = ctypes.c_void_p
+            fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+            fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
+            untouched[:, :ncols] = False
+            assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+def test_in_place_b_gemm_micro_kernel_matches_its_contract(target):
+    """``gemmb_`` reads B's kc rows ``ldb`` apart (a 1x1 convolution's NCHW input) and stores as ``gemm_``: the
+    C against the contract's reference, on whole and partial tiles, with the columns past ncols untouched."""
+    t = get_target(target)
+    p = plan_gemm(64, 64, 64, t, 1)
+    rng = np.random.default_rng(4)
+    cases = [(p.mr, 3 * p.nr + 5, 37, 1, p.nr), (p.mr, p.nr, 5, 0, p.nr - 3), (2, 2 * p.nr, 9, 1, p.nr),
+             (1, p.nr + 1, 11, 0, p.nr)]
+    names = sorted({gemmb_micro(mr, p.nr, ldb) for mr, ldb, *_ in cases})
+    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names)
+    for n in names:
+        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
+    ptr = ctypes.c_void_p
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = _build(src, tmp, t)
+        for mr, ldb, kc, acc, ncols in cases:
+            name = gemmb_micro(mr, p.nr, ldb)
+            assert MICRO[name].footprint({"kc": kc, "ldc": p.nr, "acc": acc, "ncols": ncols})["b"] == (kc, ldb, p.nr)
+            a = rng.standard_normal(kc * mr).astype(np.float32)
+            b = rng.standard_normal(kc * ldb).astype(np.float32)
+            ldc = p.nr + 5
+            c0 = rng.standard_normal(mr * ldc).astype(np.float32)
+            want = c0.copy()
+            MICRO[name].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
+                                  {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
+            dense = a.reshape(kc, mr).T.astype(np.float64) @ b.reshape(kc, ldb)[:, :ncols]
+            np.testing.assert_allclose(want.reshape(mr, ldc)[:, :ncols],
+                                       dense + (c0.reshape(mr, ldc)[:, :ncols] if acc else 0), rtol=1e-5, atol=1e-5)
+            got = c0.copy()
+            fn = getattr(lib, f"w_{name}")
             fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
             fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -327,24 +369,34 @@ def test_gemm_threads_split_rows_unless_columns_save_the_packing():
     assert (plan_gemm(128, 768, 768, v3, 2).tm, plan_gemm(128, 768, 768, v3, 2).tn) == (2, 1)
 
 
-@pytest.mark.parametrize("m,n,k,batch,tm,tn", [(30, 40, 50, 1, 1, 1), (30, 140, 150, 2, 1, 2), (3, 70, 20, 1, 1, 2),
-                                               (29, 64, 33, 2, 1, 1), (40, 20, 16, 1, 2, 1)])
-def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn):
-    """The 1x1-convolution form: A a weight packed at compile time, each B packed per block at run time."""
+@pytest.mark.parametrize("m,n,k,batch,tm,tn,row", [(30, 40, 50, 1, 1, 1, 40), (30, 140, 150, 2, 1, 2, 140),
+                                                   (3, 70, 20, 1, 1, 2, 70), (29, 64, 33, 2, 1, 1, 64),
+                                                   (40, 20, 16, 1, 2, 1, 20), (29, 64, 33, 2, 1, 2, 96),
+                                                   (13, 96, 40, 1, 2, 1, 100), (40, 32, 16, 1, 2, 1, 64),
+                                                   (29, 64, 33, 1, 1, 1, 80), (100, 64, 20, 1, 1, 1, 64)])
+def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn, row, monkeypatch):
+    """The 1x1-convolution form: A a weight packed at compile time, each B packed per block at run time, or read
+    in place where x's rows (``row`` floats apart) hold whole micro-panels (``gemmb_``: then no workspace)."""
+    monkeypatch.setattr(gemm_mod, "B_IN_PLACE_MIN_N", 16)  # (test-sized products)
+    monkeypatch.setattr(gemm_mod, "B_IN_PLACE_MAX_ROW_BLOCKS", 8)
     p = dataclasses.replace(plan_gemm_wconst(m, n, k, batch, TINY, 1), tm=tm, tn=tn)
     rng = np.random.default_rng(3)
     a = rng.standard_normal((m, k)).astype(np.float32)
-    x = rng.standard_normal((batch, k, n)).astype(np.float32)
+    x = rng.standard_normal((batch, k, row)).astype(np.float32)
     ap = Buf("ap", "float32", Layout.strided((m * k,)))
-    xb = Buf("x", "float32", Layout.strided((batch, k, n)))
+    xb = Buf("x", "float32", Layout.strided((batch, k, n), (k * row, row, 1)))
     cb = Buf("c", "float32", Layout.strided((batch, m, n)))
     ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
-    f = gemm_func_wconst(p, ap, xb, cb, ws, True)
+    in_place = not n % p.nr and not row % p.nr and n > gemm_mod.B_IN_PLACE_MIN_N \
+        and p.row_blocks <= gemm_mod.B_IN_PLACE_MAX_ROW_BLOCKS
+    assert (b_in_place(p, xb) is not None) == in_place
+    f = gemm_func_wconst(p, ap, xb, cb, None if in_place else ws, True)
+    assert ("gemmb_" in print_func(f)) == in_place and (f.workspace == ()) == in_place
     verify_func(f)
     c = np.full(batch * m * n, np.nan, np.float32)
     seen = []
     run_func(f, {"ap": pack_a(a, p.mr), "x": x.ravel().copy(), "c": c}, lambda i, v: seen.append(i))
-    np.testing.assert_allclose(c.reshape(batch, m, n), a.astype(np.float64) @ x, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(c.reshape(batch, m, n), a.astype(np.float64) @ x[:, :, :n], rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == batch * m * n
     # every vectorized loop (the packing, the epilogue) runs a constant width, the last panel its own body
     # where the columns are not a whole number of panels (a run-time width is left scalar by the C compiler)

@@ -43,6 +43,7 @@ _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_q(\d+)_(\d+))?(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
+_GEMMB = re.compile(r"gemmb_(\d+)x(\d+)_(\d+)$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?(?:_f(\d+)x(\d+))?$")
 _GEMMQE = re.compile(r"gemmqe_(\d+)x(\d+)_(\d+)_v\d+_(n|r|c[0-9a-f]{8}_[0-9a-f]{8})$")
 _WGI = re.compile(r"wgi_(\d+)_(\d+)_(\d+)$")
@@ -74,6 +75,9 @@ def micro_c(name: str, lanes: int) -> str:
     if m is not None:
         return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q",
                      prefetch=(int(m.group(5)), int(m.group(6))) if m.group(5) else None)
+    m = _GEMMB.match(name)
+    if m is not None:
+        return _gemm(int(m.group(1)), int(m.group(2)), lanes, ldb=int(m.group(3)))
     m = _GEMMQE.match(name)
     if m is not None:
         return _gemm(int(m.group(1)), int(m.group(2)), lanes, lda=int(m.group(3)), split=True, post=m.group(4))
@@ -94,7 +98,8 @@ def micro_c(name: str, lanes: int) -> str:
 
 
 def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | None = None,
-          split: bool = False, post: str | None = None, prefetch: tuple[int, int] | None = None) -> str:
+          split: bool = False, post: str | None = None, prefetch: tuple[int, int] | None = None,
+          ldb: int | None = None) -> str:
     """``gemm_``/``gemmt_`` over a packed A micro-panel, or with ``lda`` ``gemmr_``: A read in place, row-major
     (mr rows at a constant stride, each value broadcast from its row), or with ``split`` ``gemmq_``: A read in
     place with k at stride ``lda`` (a packed panel's order, whose k-rows are ``lda`` apart), the whole tile
@@ -102,19 +107,21 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
     ``lower.micro.post_tag``) ``gemmqe_``: a bias vector per column added and the epilogue applied in registers
     before the store, as selects on comparison masks (a NaN passes, as in the elementwise chain's helpers).
     ``prefetch`` (step, lines): every step-th k of the first step*lines prefetches one line of ``pf`` (GCC, Clang).
+    ``ldb`` (``gemmb_``): B read in place, its rows (k) ``ldb`` floats apart, not packed nr apart.
     """
     if prefetch is not None and (split or mr == 1 or prefetch[0] & (prefetch[0] - 1)):
         raise ValueError(f"gemm micro-kernel: no prefetching variant {prefetch} of this tile")
     if nr % lanes:
         raise ValueError(f"gemm micro-kernel: {nr} columns are not whole vectors of {lanes}")
     nv = nr // lanes
+    bstride = nr if ldb is None else ldb
     acc = [[f"c{r}_{q}" for q in range(nv)] for r in range(mr)]
     lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
     lines += [f"{a} = (dlcc_vf){{0}};" for row in acc for a in row]
 
     def step(u: int, sets: list[list[str]]) -> list[str]:
         """One k (k + u) into the accumulators ``sets``."""
-        out = [f"const dlcc_vf b{u}_{q} = dlcc_vf_load(b + {u * nr + q * lanes});" for q in range(nv)]
+        out = [f"const dlcc_vf b{u}_{q} = dlcc_vf_load(b + {u * bstride + q * lanes});" for q in range(nv)]
         for r in range(mr):
             fmas = " ".join(f"{sets[r][q]} += x{u}_{r} * b{u}_{q};" for q in range(nv))
             at = (f"a[{u * mr + r}]" if lda is None else f"a[{u * lda + r}]" if split
@@ -126,7 +133,7 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
 
     def advance(ks: int) -> list[str]:
         """The pointers moved on by ``ks`` values of k."""
-        return ([f"a += {ks * a_step};"] if a_step is not None else []) + [f"b += {ks * nr};"]
+        return ([f"a += {ks * a_step};"] if a_step is not None else []) + [f"b += {ks * bstride};"]
 
     # a one-row tile (a product of one row: a classifier, a squeeze-and-excitation FC) is bound by the FMA
     # latency along k: k unrolled into independent partial sums, added at the end (one row only: a row's tile
@@ -153,6 +160,8 @@ def _gemm(mr: int, nr: int, lanes: int, transposed: bool = False, lda: int | Non
             lines.append("(void)pf;")
     name = (f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None
             else f"gemmq_{mr}x{nr}_{lda}_v{lanes}" if split else f"gemmr_{mr}x{nr}_{lda}")
+    if ldb is not None:
+        name = f"gemmb_{mr}x{nr}_{ldb}"
     if prefetch is not None:
         name += f"_f{prefetch[0]}x{prefetch[1]}"
     if split and post is not None:

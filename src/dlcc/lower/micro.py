@@ -84,7 +84,7 @@ import numpy as np
 from dlcc.lower.lir import MICRO, MicroKernel
 
 __all__ = ["ATTN_WS_LANES", "DCONV_PAD", "WINO_AT", "WINO_BT", "WINO_G", "AttnSpec", "attn_micro", "attn_reference",
-           "apply_post", "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmq_micro",
+           "apply_post", "dconv_micro", "dwc_micro", "dwconv_micro", "gemm_micro", "gemmb_micro", "gemmq_micro",
            "gemmr_micro", "gemmt_micro", "im2col_micro", "nchwc_micro", "post_tag", "wgi_micro", "wgo_micro"]
 
 
@@ -100,12 +100,25 @@ def gemmt_micro(mr: int, nr: int, prefetch: tuple[int, int] | None = None) -> st
     return _gemm_contract(mr, nr, transposed=True, prefetch=prefetch)
 
 
+def gemmb_micro(mr: int, nr: int, ldb: int) -> str:
+    """The name of the mr x nr GEMM tile over a packed A micro-panel reading B in place: its kc rows ``ldb`` apart,
+    nr columns of each contiguous (a 1x1 convolution's NCHW input: a channel's pixels along a row), registering
+    its contract."""
+    return _gemm_contract(mr, nr, transposed=False, ldb=ldb)
+
+
 def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
-                   prefetch: tuple[int, int] | None = None) -> str:
+                   prefetch: tuple[int, int] | None = None, ldb: int | None = None) -> str:
     """``prefetch`` (step, lines; name ending ``_f{step}x{lines}``, one more parameter ``pf``): every ``step``-th k
     prefetches the next of ``lines`` 64-byte lines from ``pf`` on (k < step*lines), which no value depends on (the
-    B block the GEMM reads next, a few lines per call while this one computes: ``schedule.gemm``)."""
+    B block the GEMM reads next, a few lines per call while this one computes: ``schedule.gemm``). ``ldb``: B's
+    rows are that many floats apart (``gemmb_``), not packed (nr apart)."""
     name = f"gemm{'t' if transposed else ''}_{mr}x{nr}" if lda is None else f"gemmr_{mr}x{nr}_{lda}"
+    if ldb is not None:
+        if lda is not None or transposed or prefetch is not None:
+            raise ValueError("gemmb_: B in place takes a packed A, a row-major store and no prefetch")
+        name = f"gemmb_{mr}x{nr}_{ldb}"
+    bstride = nr if ldb is None else ldb
     if prefetch is not None:
         name += f"_f{prefetch[0]}x{prefetch[1]}"
     if name in MICRO:
@@ -114,7 +127,8 @@ def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         kc, nc = max(s["kc"], 1), max(s["ncols"], 1)
         c = (nc, s["ldc"], mr) if transposed else (mr, s["ldc"], nc)
-        out = {"a": (1, 0, kc * mr) if lda is None else (mr, lda, kc), "b": (1, 0, kc * nr), "c": c}
+        out = {"a": (1, 0, kc * mr) if lda is None else (mr, lda, kc),
+               "b": (1, 0, kc * nr) if ldb is None else (kc, ldb, nr), "c": c}
         if prefetch is not None:
             out["pf"] = (1, 0, 16 * prefetch[1])
         return out
@@ -126,7 +140,9 @@ def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
             a = a[ao:ao + kc * mr].reshape(kc, mr).astype(np.float64)
         else:
             a = np.stack([a[ao + r * lda:ao + r * lda + kc] for r in range(mr)]).T.astype(np.float64)
-        b = arrays["b"][offsets["b"]:offsets["b"] + kc * nr].reshape(kc, nr).astype(np.float64)
+        bo = offsets["b"]
+        b = np.stack([arrays["b"][bo + k * bstride:bo + k * bstride + nr] for k in range(kc)]).astype(np.float64) \
+            if kc else np.zeros((0, nr))
         prod = a.T @ b  # [mr, nr]
         c, o = arrays["c"], offsets["c"]
         lines = [(o + jj * ldc, prod[:, jj], mr) for jj in range(nc)] if transposed else \
@@ -141,7 +157,7 @@ def _gemm_contract(mr: int, nr: int, transposed: bool, lda: int | None = None,
     MICRO[name] = MicroKernel(
         name, (("kc", "int"), ("a", "in"), ("b", "in"), ("c", "out"), ("ldc", "int"), ("acc", "int"),
                ("ncols", "int")) + ((("pf", "in"),) if prefetch is not None else ()),
-        f"{where} (acc: +)= sum_k {a_at} * b[k*{nr} + j], r < {mr}, j < ncols <= {nr}"
+        f"{where} (acc: +)= sum_k {a_at} * b[k*{bstride} + j], r < {mr}, j < ncols <= {nr}"
         + (f"; prefetches pf[0 : {16 * prefetch[1]}]" if prefetch is not None else ""), footprint, reference)
     return name
 

@@ -46,13 +46,14 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.lower.micro import gemm_micro, gemmr_micro, gemmt_micro, im2col_micro
+from dlcc.lower.micro import gemm_micro, gemmb_micro, gemmr_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.loops import PAR_MIN_FLOPS, PAR_MIN_FLOPS_WS, share
 from dlcc.schedule.target import Target
 
-__all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "conv_gemm_pays", "gemm_batched_dims",
-           "gemm_func", "gemm_func_batched", "gemm_func_conv", "gemm_func_wconst", "pack_a", "pack_b", "plan_gemm",
-           "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst", "register_tile", "tile_rows"]
+__all__ = ["MIN_N", "POINTWISE_ROWS_MAX_OW", "ConvGeometry", "GemmPlan", "b_in_place", "conv_gemm_pays",
+           "gemm_batched_dims", "gemm_func", "gemm_func_batched", "gemm_func_conv", "gemm_func_wconst", "pack_a",
+           "pack_b", "plan_gemm", "plan_gemm_batched", "plan_gemm_conv", "plan_gemm_wconst", "register_tile",
+           "tile_rows"]
 
 MIN_N = 8  # below this many columns a product is a set of dot products (schedule.matmul.dots_func)
 # a row micro-panel of A read in place (gemmr_) rather than packed when a thread runs it against at most this
@@ -149,6 +150,13 @@ def tile_rows(m: int, mr_max: int, no_one_row_tail: bool = False) -> int:
     return min(mr, max(1, m))
 
 
+# gemm_func_wconst reads B's micro-panels in place where its rows allow (``b_in_place``): MobileNetV2's
+# projections 32 -> 16 at 112 x 112, 96 -> 24 and 144 -> 24 at 56 x 56 went 0.221 -> 0.207, 0.194 -> 0.170 and
+# 0.291 -> 0.266 ms, EfficientNet-B0's 0.218 -> 0.179, 0.192 -> 0.165 and 0.283 -> 0.248 (Zen 3, 1 thread,
+# kernel minima alternated in the model)
+B_IN_PLACE = True
+B_IN_PLACE_MIN_N = 1024
+B_IN_PLACE_MAX_ROW_BLOCKS = 4
 PREFETCH_CONV = True  # gemm_func_conv's tiles prefetch the next column block of B where it streams from memory
 PACK_TILES = 1  # packing a row micro-panel of A costs about this many tiles (plan_gemm's thread split)
 SMALL_WS_BYTES = 16 * 1024  # a thread's packed rows of A this small: threads from PAR_MIN_FLOPS (plan_gemm)
@@ -204,12 +212,32 @@ def pack_a(a: np.ndarray, mr: int) -> np.ndarray:
                           ).astype(np.float32)
 
 
-def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "gemm_wconst",
+def b_in_place(p: GemmPlan, x: Buf) -> int | None:
+    """The row stride at which ``gemm_func_wconst`` reads B's micro-panels from ``x`` in place (``gemmb_``), or None
+    where it packs them: x's rows contiguous, each micro-panel whole cache lines of a row (its columns and its row
+    stride multiples of nr), rows of more than ``B_IN_PLACE_MIN_N`` columns, and at most
+    ``B_IN_PLACE_MAX_ROW_BLOCKS`` row micro-panels of A (the tiles that read each B micro-panel: where many do,
+    the packed copy, contiguous and in L1, pays for itself). Measured (Zen 3, 1 thread, kernel minima alternated
+    in the model): on planes whose rows are not whole lines (ShuffleNetV2's 7 x 7) the tiles ran slower than the
+    packing saved (0.070 -> 0.080 ms); at 28 x 28 (x in L2, the packing cheap) a wash (MobileNetV2's 144 -> 32:
+    0.095 -> 0.101 ms, 192 -> 32: 0.127 -> 0.121); with many row micro-panels slower (ResNet-50's 64 -> 256 at
+    56 x 56, 43 of them: 1.28 -> 1.62 ms; 64 -> 64: 0.35 -> 0.38; DenseNet-121's 128-channel ones 0.87 -> 0.93)."""
+    xd = x.layout.dims
+    plain = [d[0] for d in xd] == [0, 1, 2] and all(d[1] == 1 for d in xd) and xd[2][3] == 1
+    if not (B_IN_PLACE and plain and p.pack == "b") or p.n % p.nr or xd[1][3] % p.nr or p.n <= B_IN_PLACE_MIN_N \
+            or p.row_blocks > B_IN_PLACE_MAX_ROW_BLOCKS:
+        return None
+    return xd[1][3]
+
+
+def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf | None, epilogue: bool, name: str = "gemm_wconst",
                      fresh: Callable[[str], str] = str) -> Func:
     """The loop IR of ``c[b] = A @ x[b]`` for b < p.batch following a "b" plan: ``ap`` is A packed by
     ``pack_a`` (1-D), ``x`` (batch x K x N) and ``c`` (batch x M x N) any strides with unit column stride in
     ``c``; per thread, per K block and column block, that block of x is packed into the thread's slice of
-    ``ws`` (k-major micro-panels of nr columns), then every row micro-panel of A runs against it."""
+    ``ws`` (k-major micro-panels of nr columns), then every row micro-panel of A runs against it. Where x's
+    rows are contiguous along whole micro-panels (``b_in_place``), nothing is packed: the tiles read B's
+    micro-panels from x (``gemmb_``), and ``ws`` may be None."""
     K, MR, NR, KC = p.k, p.mr, p.nr, p.kc
     NK, T = p.k_blocks, p.threads
     t, b, pc, jb, ib, jp, kk, r, j = (Var(fresh(v)) for v in ("t", "b", "pc", "jb", "ib", "jp", "kk", "r", "j"))
@@ -229,17 +257,26 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf, epilogue: bo
             return body(cols)
         return (If(Bin("<", jp, Const(p.col_panels - 1)), body(Const(NR)), body(Const(p.n % NR))),)
 
-    pack = For(jp, jfirst, jlast, by_width(lambda w: (For(kk, Const(0), kcv, (
-        For(j, Const(0), w, (Store(ws, (panel + kk * NR + j,), Load(x, (b, k0 + kk, jp * NR + j))),),
-            "vectorized"),)),)))
-    tiles = by_width(lambda w: _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ap, (a_panel,)), Ptr(ws, (panel,)), c,
-                                      Const(c.layout.dims[1][3]), w, epilogue))
+    def pack_panels(w: Expr) -> tuple[Stmt, ...]:
+        return (For(kk, Const(0), kcv, (
+            For(j, Const(0), w, (Store(ws, (panel + kk * NR + j,), Load(x, (b, k0 + kk, jp * NR + j))),),
+                "vectorized"),)),)
+
+    ldb = b_in_place(p, x)
+    if ldb is None and ws is None:
+        raise ValueError("gemm_func_wconst: B is packed here, and there is no workspace")
+    pack = For(jp, jfirst, jlast, by_width(pack_panels)) if ldb is None else None
+    b_ptr = Ptr(x, (b, k0, jp * NR)) if ldb is not None else Ptr(ws, (panel,))
+    tiles = by_width(lambda w: _tiles(p, ib, jp, pc, r, j, (b,), kcv, Ptr(ap, (a_panel,)), b_ptr, c,
+                                      Const(c.layout.dims[1][3]), w, epilogue, ldb=ldb))
     nblocks = simplify((cb1 - cb0 + (p.nc - 1)) // p.nc)
     compute = For(ib, rb0, rb1, (For(jp, jfirst, jlast, tiles),))
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (
-        For(pc, Const(0), Const(NK), (For(jb, Const(0), nblocks, (pack, compute)),)),)),)
+        For(pc, Const(0), Const(NK), (For(jb, Const(0), nblocks, (pack, compute) if pack else (compute,)),)),)),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
+    if ldb is not None:
+        return Func(name, (ap, x, c), body, ())
     return Func(name, (ap, x, c), (Alloc(ws, body),), (ws,))
 
 
@@ -567,11 +604,13 @@ def _next_block(p: GemmPlan, bp: Buf, pc: Var, ib: Var, jp: Var, rb0: Expr, jfir
 
 def _tiles(p: GemmPlan, ib: Var, jp: Var, pc: Var, r: Var, j: Var, lead: tuple[Expr, ...], kcv: Expr, a_ptr: Ptr,
            b_ptr: Ptr, c: Buf, ldc: Expr, cols: Expr, epilogue: bool, transposed: bool = False,
-           lda: int | None = None, ahead: tuple[tuple[int, int], Ptr] | None = None) -> tuple[Stmt, ...]:
+           lda: int | None = None, ahead: tuple[tuple[int, int], Ptr] | None = None,
+           ldb: int | None = None) -> tuple[Stmt, ...]:
     """Tile (ib, jp) of C (indices ``lead`` before its two matrix axes): the micro-kernel call and, after the
     last K block, the tile's epilogue while it is in L1; the last row panel takes the tail variant.
     ``transposed``: C holds the tile transposed (columns as rows: the pixels-as-rows convolution). ``lda``: A
-    is read in place, row-major with this row stride (``gemmr_``), not from a packed micro-panel. ``ahead``
+    is read in place, row-major with this row stride (``gemmr_``), not from a packed micro-panel; ``ldb``: B is
+    read in place, its rows this many floats apart (``gemmb_``). ``ahead``
     ((step, lines), where): each call prefetches those lines (``_next_block``)."""
     M, N, MR, NR, NK, MB = p.m, p.n, p.mr, p.nr, p.k_blocks, p.row_blocks
 
@@ -579,8 +618,8 @@ def _tiles(p: GemmPlan, ib: Var, jp: Var, pc: Var, r: Var, j: Var, lead: tuple[E
         acc = Bin("<", Const(0), pc) if NK > 1 else Const(0)
         cptr = Ptr(c, (*lead, jp * NR, ib * MR) if transposed else (*lead, ib * MR, jp * NR))
         pf = ahead[0] if ahead is not None else None
-        name = gemmr_micro(mr, NR, lda, pf) if lda is not None else \
-            (gemmt_micro if transposed else gemm_micro)(mr, NR, pf)
+        name = gemmr_micro(mr, NR, lda, pf) if lda is not None else gemmb_micro(mr, NR, ldb) if ldb is not None \
+            else (gemmt_micro if transposed else gemm_micro)(mr, NR, pf)
         call = Micro(name, (kcv, a_ptr, b_ptr, cptr, ldc, acc, cols, *((ahead[1],) if ahead is not None else ())))
         if not epilogue:
             return (call,)

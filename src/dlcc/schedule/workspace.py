@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from dlcc.errors import TemplateError
 from dlcc.lower.kir import Buffer, Program
+from dlcc.lower.lir import Buf, Layout
 from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
@@ -28,6 +29,7 @@ from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
+    b_in_place,
     conv_gemm_pays,
     gemm_batched_dims,
     gemm_dims,
@@ -246,7 +248,13 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
         rows = _conv_gemm_bytes(node, is_const, target, threads)  # the pixels-as-rows form, if it pays
         if dims is not None:  # a 1x1 stride-1 one may take either form: room for both
             m, n, k, batch = dims
-            cols = plan_gemm_wconst(m, n, k, batch, target, threads).workspace_bytes if min(dims) >= 1 else 0
+            cols = 0
+            if min(dims) >= 1:
+                plan = plan_gemm_wconst(m, n, k, batch, target, threads)
+                xs = _shape(x)
+                flat = strides is not None and len(strides) == 4 and strides[3] == 1 and strides[2] == xs[3]
+                x3 = Buf("x", "float32", Layout.strided((batch, k, n), (strides[0], strides[1], 1))) if flat else None
+                cols = 0 if x3 is not None and b_in_place(plan, x3) is not None else plan.workspace_bytes
             return max(cols, rows)
         return rows or _rows_bytes(node, target, threads)
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:

@@ -49,6 +49,7 @@ from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
     ConvGeometry,
     GemmPlan,
+    b_in_place,
     conv_gemm_pays,
     gemm_func,
     gemm_func_conv,
@@ -175,7 +176,8 @@ def conv(call: TemplateCall) -> str:
         raise TemplateError("Conv: internal: a channels-last destination or a scaled input this convolution "
                             "cannot take")
     # (a direct kernel reading its input in place takes no workspace, and no form below it is asked)
-    gemm_ok = group == 1 and w.const is not None and has_ws and call.scratch.contiguous
+    gemm_form = group == 1 and w.const is not None and call.scratch.contiguous
+    gemm_ok = gemm_form and has_ws
     if gemm_ok and r == 2:  # pixels as rows: where the direct kernel or short rows waste most
         if winograd_ok:
             wino = _winograd(call, xref, w4, bref, g)
@@ -189,7 +191,7 @@ def conv(call: TemplateCall) -> str:
             packed = _im2col_packed(call, xref, w4.reshape(M, -1), bref, g)
             if packed is not None:
                 return packed
-    if pointwise and gemm_ok and _flat_ok(xref, 2):  # pixels as columns
+    if pointwise and gemm_form and _flat_ok(xref, 2):  # pixels as columns (B read in place: no workspace needed)
         packed = _pointwise_packed(call, xref, w4.reshape(M, C), bref, outs)
         if packed is not None:
             return packed
@@ -256,23 +258,24 @@ def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref:
     M, P = w2.shape[0], math.prod(outs)
     ws, c = call.workspace, call.scratch
     plan = plan_gemm_wconst(M, P, C, N, call.target, call.threads)
-    if plan.workspace_bytes > 4 * ws.size:
+    xs = (xref.strides[0], xref.strides[1], 1)
+    x = Buf(xref.ptr, "float32", Layout.strided((N, C, P), xs, xref.offset))
+    in_place = b_in_place(plan, x) is not None  # (B read from x: no workspace)
+    if not in_place and (ws is None or plan.workspace_bytes > 4 * ws.size):
         return None
     names = call.names
     apk = call.packed(pack_a(w2, plan.mr))
     ap = Buf(apk.ptr, "float32", Layout.strided((M * C,)))
-    xs = (xref.strides[0], xref.strides[1], 1)
-    x = Buf(xref.ptr, "float32", Layout.strided((N, C, P), xs, xref.offset))
     cb = Buf(c.ptr, "float32", Layout.strided((N, M, P), (M * P, P, 1), c.offset))
-    wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+    wsb = None if in_place else Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
     trivial = call.direct and bref is None
     f = gemm_func_wconst(plan, ap, x, cb, wsb, not trivial, fresh=names)
-    _verify_wconst_once(plan, xs, not trivial, ws.size)
+    _verify_wconst_once(plan, xs, not trivial, 0 if in_place else ws.size)
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
 
-    return call.emit(f, store, {wsb.name: ws.base()})
+    return call.emit(f, store, {wsb.name: ws.base()} if wsb is not None else None)
 
 
 def _im2col_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
@@ -601,7 +604,7 @@ def _verify_wconst_once(plan: GemmPlan, x_strides: tuple[int, int, int], epilogu
     if x.layout.span > span:
         raise TemplateError("internal: the input's channels overlap")
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.m, plan.n)))
-    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace") if ws_floats else None
     verify_func(gemm_func_wconst(plan, ap, x, c, ws, epilogue))
 
 
