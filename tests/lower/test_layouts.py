@@ -320,17 +320,29 @@ def _channels_last(cm) -> int:
 
 @pytest.mark.parametrize("c,h,n,threads", [(128, 14, 1, 1), (128, 14, 2, 2), (256, 14, 1, 2), (48, 12, 1, 1),
                                            (256, 7, 1, 1)])
-def test_bottleneck_trunk_channels_last(c, h, n, threads):
-    """Rule 4: the convolutions' outputs and the residual sums between them are channels-last (the last sum, which
-    the global pool reads, stays NCHW); outputs match onnxruntime and the interpreter."""
+def test_bottleneck_trunk_channels_last(c, h, n, threads, monkeypatch):
+    """Rule 4: the convolutions' outputs and the residual sums between them are channels-last, the last sum too,
+    which the global pool reads pixel by pixel (``GLOBAL_POOL_CHANNELS_LAST``; without it that sum stays NCHW);
+    outputs match onnxruntime and the interpreter."""
     m, feeds = _bottlenecks(c, h, 2, n)
     ref = _ort(m, feeds)["y"]
+
+    def pool_reads_channels_last(cm) -> bool:
+        p = cm.artifacts.program
+        k = next(k for k in p.kernels if "GlobalAveragePool" in k.ops)
+        return layouts.is_channels_last(p.root(k.reads[0]))
+
     cm = dlcc.compile(m, threads=threads)
     assert _channels_last(cm) >= 3 and "dlcc_uk_dconvp_" in cm.artifacts.csource.source
+    assert pool_reads_channels_last(cm)
     assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
     art = cm.artifacts
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
     assert _channels_last(_plain(m, threads=threads)) == 0
+    monkeypatch.setattr(layouts, "GLOBAL_POOL_CHANNELS_LAST", False)
+    off = dlcc.compile(m, threads=threads)
+    assert not pool_reads_channels_last(off) and _channels_last(off) < _channels_last(cm)
+    assert_close(off(feeds)["y"], ref, 1e-4, 1e-6)
 
 
 def _dense_block(c=32, g=16, layers=3, h=14, seed=0):

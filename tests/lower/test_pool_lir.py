@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from dlcc.lower.lir import Buf, Layout, print_func, run_func, verify_func
-from dlcc.schedule.pool import PoolGeometry, global_pool_func, pool_counts, pool_func, window_range
+from dlcc.schedule.pool import (
+    PoolGeometry,
+    global_pool_channels_last,
+    global_pool_func,
+    pool_counts,
+    pool_func,
+    window_range,
+)
 
 
 def _out_len(i, k, s, d, a, e, ceil):
@@ -143,6 +150,33 @@ def test_global_pool_func_matches_numpy(shape, strides, flat, is_max, threads):
     axes = tuple(range(2, len(shape)))
     ref = x.max(axis=axes) if is_max else x.mean(axis=axes)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("is_max", [False, True])
+@pytest.mark.parametrize(("shape", "threads"), [((2, 20, 5, 7), 1), ((1, 37, 3, 3), 2), ((2, 16, 1, 9), 2),
+                                                ((1, 3, 4), 1)])
+def test_global_pool_reads_channels_last_pixel_by_pixel(shape, threads, is_max):
+    """A channels-last input (channel stride 1): per image a stack row of running results, one vectorized loop
+    over the channels per pixel, threads over shares of the channels; every (n, c) handed on once."""
+    n, c, *sp = shape
+    x = np.random.default_rng(c).standard_normal(shape).astype(np.float32)
+    perm = (0, *range(2, len(shape)), 1)
+    phys = np.ascontiguousarray(x.transpose(perm))
+    strides = [0] * len(shape)
+    for axis, st in zip(perm, (np.array(phys.strides) // 4).tolist(), strict=True):
+        strides[axis] = st
+    xb = Buf("x", "float32", Layout.strided(shape, strides))
+    assert global_pool_channels_last(xb) and not global_pool_channels_last(Buf("x", "float32", Layout.strided(shape)))
+    f = global_pool_func(xb, 8, is_max, threads=threads)
+    verify_func(f)
+    text = print_func(f)
+    assert "acc" in text and "stack" in text and ("parallel for" in text) == (threads > 1)
+    got = np.full(shape[:2], np.nan, np.float32)
+    seen = []
+    run_func(f, {"x": phys.ravel().copy()}, lambda idx, v: (seen.append(tuple(idx)), got.__setitem__(idx, v)))
+    assert len(seen) == len(set(seen)) == n * c
+    axes = tuple(range(2, len(shape)))
+    np.testing.assert_allclose(got, x.max(axis=axes) if is_max else x.mean(axis=axes), rtol=1e-5, atol=1e-6)
 
 
 def test_max_skips_nan():

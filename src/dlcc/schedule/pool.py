@@ -43,10 +43,11 @@ from dlcc.lower.lir import (
     Var,
     simplify,
 )
-from dlcc.schedule.loops import nest, numbered
+from dlcc.schedule.loops import nest, numbered, share
 from dlcc.schedule.transform import loop_names, parallelize
 
-__all__ = ["PoolGeometry", "running_max", "global_pool_func", "pool_counts", "pool_func", "window_range"]
+__all__ = ["PoolGeometry", "global_pool_channels_last", "global_pool_func", "pool_counts", "pool_func", "running_max",
+           "window_range"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,9 @@ def global_pool_func(x: Buf, lanes: int, is_max: bool, name: str = "global_pool"
     def combine(a: Expr, v: Expr) -> Expr:
         return running_max(a, v) if is_max else a + v
 
+    if global_pool_channels_last(x):
+        return _global_pool_channels_last(x, is_max, name, fresh, threads, combine)
+
     def plane(n: Expr, c: Expr) -> tuple[Stmt, ...]:
         res = Buf(fresh("r"), "float32", Layout.strided((1,)), "register")
 
@@ -194,3 +198,39 @@ def global_pool_func(x: Buf, lanes: int, is_max: bool, name: str = "global_pool"
     thread = fresh("t") if threads > 1 and N * C > 1 else ""
     f = Func(name, (x,), nest((N, C), fresh, ("n", "c"), lambda nc: plane(*nc)))
     return parallelize(f, loop_names(f)[0], threads, thread) if thread else f
+
+
+
+def global_pool_channels_last(x: Buf) -> bool:
+    """Does ``global_pool_func`` read ``x`` (N, C, *spatial) pixel by pixel, every channel along a vector loop?
+    Where its channels are contiguous (a channels-last buffer: read plane by plane, each element would be its own
+    cache line)."""
+    dims = x.layout.dims
+    return (len(x.shape) >= 3 and x.shape[1] > 1 and math.prod(x.shape[2:]) > 1
+            and [d[0] for d in dims] == list(range(len(dims))) and all(d[1] == 1 for d in dims) and dims[1][3] == 1)
+
+
+def _global_pool_channels_last(x: Buf, is_max: bool, name: str, fresh: Callable[[str], str], threads: int,
+                               combine: Callable[[Expr, Expr], Expr]) -> Func:
+    """Per image (threads over shares of the channels): a stack row of C running results set to the neutral
+    value, combined with every pixel's channels in memory order (the inner loop over contiguous channels,
+    vectorized), then each divided (average) and handed to the epilogue as element (n, c)."""
+    N, C, *sp = x.shape
+    size = math.prod(sp)
+    T = max(1, min(threads, C))
+    t, n, c = Var(fresh("t")), Var(fresh("n")), Var(fresh("c"))
+    lo, hi = share(t if T > 1 else Const(0), C, T)
+    acc = Buf(fresh("acc"), "float32", Layout.strided((C,)), "stack")
+    init = Const(-math.inf if is_max else 0.0, "float32")
+    value: Expr = Load(acc, (c,))
+    if not is_max:
+        value = Bin("/", value, Const(float(size), "float32"))
+    per_image: tuple[Stmt, ...] = (Alloc(acc, (
+        For(c, lo, hi, (Store(acc, (c,), init),), "vectorized"),
+        *nest(sp, fresh, "s", lambda idx: (For(c, lo, hi, (
+            Store(acc, (c,), combine(Load(acc, (c,)), Load(x, (n, c, *idx)))),), "vectorized"),)),
+        For(c, lo, hi, (Epilogue((n, c), value),)))),)
+    body: tuple[Stmt, ...] = (For(n, Const(0), Const(N), per_image),)
+    if T > 1:
+        body = (For(t, Const(0), Const(T), body, "parallel"),)
+    return Func(name, (x,), body)
