@@ -369,6 +369,19 @@ def test_gemm_threads_split_rows_unless_columns_save_the_packing():
     assert (plan_gemm(128, 768, 768, v3, 2).tm, plan_gemm(128, 768, 768, v3, 2).tn) == (2, 1)
 
 
+def test_conv_gemm_threads_split_pixels_into_channels_last_when_the_weight_outgrows_l2():
+    """The pixels-as-rows convolution on two threads: over the output channels (with one im2col the threads share),
+    except into a channels-last output with a weight larger than L2, which goes by pixels (each thread gathering
+    its rows and prefetching the weight's next column block: ResNet-50's strided projections)."""
+    v3 = get_target("x86-64-v3")
+    big = ConvGeometry(1024, 14, 14, 7, 7, 1, 1, 2, 2, 1, 1, 0, 0)  # 1024 -> 2048, stride 2: an 8 MB weight
+    small = ConvGeometry(256, 14, 14, 7, 7, 1, 1, 2, 2, 1, 1, 0, 0)  # 256 -> 256: 256 KB
+    splits = {(g.ci, cl): (lambda p: (p.tm, p.tn, p.pack))(plan_gemm_conv(co, g, 1, v3, 2, channels_last=cl))
+              for g, co in ((big, 2048), (small, 256)) for cl in (False, True)}
+    assert splits[(1024, True)] == (2, 1, "i")
+    assert splits[(1024, False)][:2] == splits[(256, True)][:2] == splits[(256, False)][:2] == (1, 2)
+
+
 @pytest.mark.parametrize("m,n,k,batch,tm,tn,row", [(30, 40, 50, 1, 1, 1, 40), (30, 140, 150, 2, 1, 2, 140),
                                                    (3, 70, 20, 1, 1, 2, 70), (29, 64, 33, 2, 1, 1, 64),
                                                    (40, 20, 16, 1, 2, 1, 20), (29, 64, 33, 2, 1, 2, 96),

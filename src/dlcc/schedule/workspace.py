@@ -134,7 +134,7 @@ def gemm_channels_last_bytes(g: ConvGeometry, co: int, batch: int, target: Targe
     """The workspace of that GEMM: the pixels gathered per row micro-panel (``plan_gemm_conv``), or at stride 1
     the images' pixels as one matrix's rows (``plan_gemm``), which the template takes where the input's layout
     allows (room for either)."""
-    gathered = plan_gemm_conv(co, g, batch, target, threads).workspace_bytes
+    gathered = plan_gemm_conv(co, g, batch, target, threads, channels_last=True).workspace_bytes
     if (g.sh, g.sw) == (1, 1):
         return max(gathered, plan_gemm(batch * g.oh * g.ow, co, g.ci, target, threads).workspace_bytes)
     return gathered

@@ -326,7 +326,7 @@ def _gemm_channels_last(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bre
     rowmajor = ((g.sh, g.sw) == (1, 1) and c.strides[0] == P * M and xref.channels_last and C > 1
                 and (N == 1 or xref.strides[0] == P * C))
     plan = plan_gemm(N * P, M, C, call.target, call.threads) if rowmajor else \
-        plan_gemm_conv(M, g, N, call.target, call.threads)
+        plan_gemm_conv(M, g, N, call.target, call.threads, channels_last=True)
     if plan.workspace_bytes > 4 * ws.size:
         return None
     packed = call.packed(pack_b(np.ascontiguousarray(w2.T), plan.nr, plan.kc))
