@@ -157,6 +157,35 @@ def test_c_printer_matches_interpreter(target):
     np.testing.assert_array_equal(got, want)
 
 
+def _tile_src(names, lanes):
+    """C of the GEMM tiles ``names`` and an exported wrapper ``w_{name}`` of each (the micro-kernels are static)."""
+    src = PRELUDE + vector_helpers(lanes) + "\n" + "".join(micro_c(n, lanes) for n in names)
+    for n in names:
+        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
+                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
+    return src
+
+
+def _run_tile(lib, name, kc, a, b, c0, ldc, acc, ncols):
+    """The exported wrapper ``w_{name}`` of a GEMM tile run on a copy of ``c0``: that copy."""
+    got = c0.copy()
+    fn = getattr(lib, f"w_{name}")
+    ptr = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
+    return got
+
+
+def _check_tile(lib, name, kc, a, b, c0, want, mr, ldc, acc, ncols):
+    """A row-major-store GEMM tile matches ``want`` (the contract's reference) and leaves the columns past
+    ``ncols`` of every row untouched."""
+    got = _run_tile(lib, name, kc, a, b, c0, ldc, acc, ncols)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
+    untouched[:, :ncols] = False
+    assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
+
+
 @pytest.mark.parametrize("target", runnable_targets())
 def test_gemm_micro_kernels_match_their_contract(target):
     t = get_target(target)
@@ -164,10 +193,7 @@ def test_gemm_micro_kernels_match_their_contract(target):
     rng = np.random.default_rng(2)
     cases = [(p.mr, p.nr, 37, 1, p.nr), (p.mr, p.nr, 5, 0, p.nr - 3), (1, p.nr, 9, 1, 1), (3, p.nr, 1, 0, p.nr)]
     names = sorted({gemm_micro(mr, nr) for mr, nr, *_ in cases})
-    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names)
-    for n in names:  # exported wrappers (the micro-kernels are static)
-        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
-                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
+    src = _tile_src(names, t.lanes)
     with tempfile.TemporaryDirectory() as tmp:
         lib = _build(src, tmp, t)
         for mr, nr, kc, acc, ncols in cases:
@@ -179,15 +205,7 @@ def test_gemm_micro_kernels_match_their_contract(target):
             want = c0.copy()
             MICRO[name].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
                                   {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
-            got = c0.copy()
-            fn = getattr(lib, f"w_{name}")
-            ptr = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-            fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-            untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
-            untouched[:, :ncols] = False
-            assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
+            _check_tile(lib, name, kc, a, b, c0, want, mr, ldc, acc, ncols)
 
 
 @pytest.mark.parametrize("target", runnable_targets())
@@ -200,11 +218,7 @@ def test_in_place_b_gemm_micro_kernel_matches_its_contract(target):
     cases = [(p.mr, 3 * p.nr + 5, 37, 1, p.nr), (p.mr, p.nr, 5, 0, p.nr - 3), (2, 2 * p.nr, 9, 1, p.nr),
              (1, p.nr + 1, 11, 0, p.nr)]
     names = sorted({gemmb_micro(mr, p.nr, ldb) for mr, ldb, *_ in cases})
-    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names)
-    for n in names:
-        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
-                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
-    ptr = ctypes.c_void_p
+    src = _tile_src(names, t.lanes)
     with tempfile.TemporaryDirectory() as tmp:
         lib = _build(src, tmp, t)
         for mr, ldb, kc, acc, ncols in cases:
@@ -220,14 +234,7 @@ def test_in_place_b_gemm_micro_kernel_matches_its_contract(target):
             dense = a.reshape(kc, mr).T.astype(np.float64) @ b.reshape(kc, ldb)[:, :ncols]
             np.testing.assert_allclose(want.reshape(mr, ldc)[:, :ncols],
                                        dense + (c0.reshape(mr, ldc)[:, :ncols] if acc else 0), rtol=1e-5, atol=1e-5)
-            got = c0.copy()
-            fn = getattr(lib, f"w_{name}")
-            fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-            fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-            untouched = np.ones(mr * ldc, bool).reshape(mr, ldc)
-            untouched[:, :ncols] = False
-            assert np.array_equal(got.reshape(mr, ldc)[untouched], c0.reshape(mr, ldc)[untouched])
+            _check_tile(lib, name, kc, a, b, c0, want, mr, ldc, acc, ncols)
 
 
 @pytest.mark.parametrize("target", runnable_targets())
@@ -575,10 +582,7 @@ def test_transposed_store_micro_kernel_matches_its_contract(target):
     rng = np.random.default_rng(5)
     cases = [(p.mr, 23, 1, p.nr), (p.mr, 4, 0, 5), (2, 7, 1, 1)]
     names = sorted({gemmt_micro(mr, p.nr) for mr, *_ in cases})
-    src = PRELUDE + vector_helpers(t.lanes) + "\n" + "".join(micro_c(n, t.lanes) for n in names)
-    for n in names:
-        src += (f"void w_{n}(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int64_t acc, "
-                f"int64_t ncols) {{ dlcc_uk_{n}(kc, a, b, c, ldc, acc, ncols); }}\n")
+    src = _tile_src(names, t.lanes)
     with tempfile.TemporaryDirectory() as tmp:
         lib = _build(src, tmp, t)
         for mr, kc, acc, ncols in cases:
@@ -590,11 +594,7 @@ def test_transposed_store_micro_kernel_matches_its_contract(target):
             want = c0.copy()
             MICRO[name].reference({"a": a, "b": b, "c": want}, {"a": 0, "b": 0, "c": 0},
                                   {"kc": kc, "ldc": ldc, "acc": acc, "ncols": ncols})
-            got = c0.copy()
-            fn = getattr(lib, f"w_{name}")
-            ptr = ctypes.c_void_p
-            fn.argtypes = [ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-            fn(kc, a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc, acc, ncols)
+            got = _run_tile(lib, name, kc, a, b, c0, ldc, acc, ncols)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
             assert np.array_equal(got[ncols * ldc:], c0[ncols * ldc:])  # columns >= ncols untouched
 
