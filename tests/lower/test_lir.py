@@ -409,7 +409,7 @@ def test_weight_left_gemm_loop_ir_matches_numpy(m, n, k, batch, tm, tn, row, mon
     ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
     in_place = not n % p.nr and not row % p.nr and n > gemm_mod.B_IN_PLACE_MIN_N \
         and p.row_blocks <= gemm_mod.B_IN_PLACE_MAX_ROW_BLOCKS
-    assert (b_in_place(p, xb) is not None) == in_place
+    assert b_in_place(p, row) == in_place
     f = gemm_func_wconst(p, ap, xb, cb, None if in_place else ws, True)
     assert ("gemmb_" in print_func(f)) == in_place and (f.workspace == ()) == in_place
     verify_func(f)

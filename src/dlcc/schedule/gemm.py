@@ -212,22 +212,19 @@ def pack_a(a: np.ndarray, mr: int) -> np.ndarray:
                           ).astype(np.float32)
 
 
-def b_in_place(p: GemmPlan, x: Buf) -> int | None:
-    """The row stride at which ``gemm_func_wconst`` reads B's micro-panels from ``x`` in place (``gemmb_``), or None
-    where it packs them: x's rows contiguous, each micro-panel whole cache lines of a row (its columns and its row
-    stride multiples of nr), rows of more than ``B_IN_PLACE_MIN_N`` columns, and at most
-    ``B_IN_PLACE_MAX_ROW_BLOCKS`` row micro-panels of A (the tiles that read each B micro-panel: where many do,
-    the packed copy, contiguous and in L1, pays for itself). Measured (Zen 3, 1 thread, kernel minima alternated
-    in the model): on planes whose rows are not whole lines (ShuffleNetV2's 7 x 7) the tiles ran slower than the
-    packing saved (0.070 -> 0.080 ms); at 28 x 28 (x in L2, the packing cheap) a wash (MobileNetV2's 144 -> 32:
-    0.095 -> 0.101 ms, 192 -> 32: 0.127 -> 0.121); with many row micro-panels slower (ResNet-50's 64 -> 256 at
-    56 x 56, 43 of them: 1.28 -> 1.62 ms; 64 -> 64: 0.35 -> 0.38; DenseNet-121's 128-channel ones 0.87 -> 0.93)."""
-    xd = x.layout.dims
-    plain = [d[0] for d in xd] == [0, 1, 2] and all(d[1] == 1 for d in xd) and xd[2][3] == 1
-    if not (B_IN_PLACE and plain and p.pack == "b") or p.n % p.nr or xd[1][3] % p.nr or p.n <= B_IN_PLACE_MIN_N \
-            or p.row_blocks > B_IN_PLACE_MAX_ROW_BLOCKS:
-        return None
-    return xd[1][3]
+def b_in_place(p: GemmPlan, row_stride: int) -> bool:
+    """Does ``gemm_func_wconst`` read B's micro-panels in place (``gemmb_``) from an x whose rows (unit column
+    stride) are ``row_stride`` floats apart, rather than pack them? Where each micro-panel is whole cache lines
+    of a row (its columns and the row stride multiples of nr), rows have more than ``B_IN_PLACE_MIN_N`` columns,
+    and at most ``B_IN_PLACE_MAX_ROW_BLOCKS`` row micro-panels of A (the tiles that read each B micro-panel:
+    where many do, the packed copy, contiguous and in L1, pays for itself). Measured (Zen 3, 1 thread, kernel
+    minima alternated in the model): on planes whose rows are not whole lines (ShuffleNetV2's 7 x 7) the tiles
+    ran slower than the packing saved (0.070 -> 0.080 ms); at 28 x 28 (x in L2, the packing cheap) a wash
+    (MobileNetV2's 144 -> 32: 0.095 -> 0.101 ms, 192 -> 32: 0.127 -> 0.121); with many row micro-panels slower
+    (ResNet-50's 64 -> 256 at 56 x 56, 43 of them: 1.28 -> 1.62 ms; 64 -> 64: 0.35 -> 0.38; DenseNet-121's
+    128-channel ones 0.87 -> 0.93)."""
+    return (B_IN_PLACE and p.pack == "b" and not p.n % p.nr and not row_stride % p.nr and p.n > B_IN_PLACE_MIN_N
+            and p.row_blocks <= B_IN_PLACE_MAX_ROW_BLOCKS)
 
 
 def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf | None, epilogue: bool, name: str = "gemm_wconst",
@@ -262,7 +259,9 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf | None, epilo
             For(j, Const(0), w, (Store(ws, (panel + kk * NR + j,), Load(x, (b, k0 + kk, jp * NR + j))),),
                 "vectorized"),)),)
 
-    ldb = b_in_place(p, x)
+    xd = x.layout.dims
+    plain = [d[0] for d in xd] == [0, 1, 2] and all(d[1] == 1 for d in xd) and xd[2][3] == 1
+    ldb = xd[1][3] if plain and b_in_place(p, xd[1][3]) else None
     if ldb is None and ws is None:
         raise ValueError("gemm_func_wconst: B is packed here, and there is no workspace")
     pack = For(jp, jfirst, jlast, by_width(pack_panels)) if ldb is None else None

@@ -200,7 +200,6 @@ def global_pool_func(x: Buf, lanes: int, is_max: bool, name: str = "global_pool"
     return parallelize(f, loop_names(f)[0], threads, thread) if thread else f
 
 
-
 def global_pool_channels_last(x: Buf) -> bool:
     """Does ``global_pool_func`` read ``x`` (N, C, *spatial) pixel by pixel, every channel along a vector loop?
     Where its channels are contiguous (a channels-last buffer: read plane by plane, each element would be its own

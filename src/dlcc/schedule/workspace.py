@@ -20,7 +20,6 @@ import onnx_ir as ir
 
 from dlcc.errors import TemplateError
 from dlcc.lower.kir import Buffer, Program
-from dlcc.lower.lir import Buf, Layout
 from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
@@ -251,10 +250,8 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
             cols = 0
             if min(dims) >= 1:
                 plan = plan_gemm_wconst(m, n, k, batch, target, threads)
-                xs = _shape(x)
-                flat = strides is not None and len(strides) == 4 and strides[3] == 1 and strides[2] == xs[3]
-                x3 = Buf("x", "float32", Layout.strided((batch, k, n), (strides[0], strides[1], 1))) if flat else None
-                cols = 0 if x3 is not None and b_in_place(plan, x3) is not None else plan.workspace_bytes
+                flat = strides is not None and len(strides) == 4 and strides[3] == 1 and strides[2] == _shape(x)[3]
+                cols = 0 if flat and b_in_place(plan, strides[1]) else plan.workspace_bytes
             return max(cols, rows)
         return rows or _rows_bytes(node, target, threads)
     if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:

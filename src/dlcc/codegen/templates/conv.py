@@ -260,7 +260,7 @@ def _pointwise_packed(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref:
     plan = plan_gemm_wconst(M, P, C, N, call.target, call.threads)
     xs = (xref.strides[0], xref.strides[1], 1)
     x = Buf(xref.ptr, "float32", Layout.strided((N, C, P), xs, xref.offset))
-    in_place = b_in_place(plan, x) is not None  # (B read from x: no workspace)
+    in_place = b_in_place(plan, xs[1])  # (B read from x: no workspace)
     if not in_place and (ws is None or plan.workspace_bytes > 4 * ws.size):
         return None
     names = call.names
