@@ -570,8 +570,9 @@ def test_sweep_order_compiled_matches_onnxruntime(threads):
         pytest.skip("the blocked direct kernel needs vectors")
     g = ConvGeometry(256, 30, 30, 30, 30, 3, 3, 1, 1, 5, 5, 5, 5)
     co = 8 * native.lanes
-    # (the L2 at which a channel tile's weights exceed half of it while its plane fits a quarter: the tile's size)
-    sizes = [dataclasses.replace(native, l2_bytes=kb * 1024, l3_bytes=1 << 20) for kb in (128, 256, 512)]
+    # (the L2 at which a channel tile's weights exceed half of it while its plane fits a quarter: the tile's size,
+    # 2 x 8 channels x 14 pixels on AVX2, 4 x 16 x 6 on AVX-512 (a 230 KB plane: 1 MiB))
+    sizes = [dataclasses.replace(native, l2_bytes=kb * 1024, l3_bytes=1 << 20) for kb in (128, 256, 512, 1024)]
     target = next(t for t in sizes if plan_direct(co, g, 1, t, threads).order == "sweep")
     w = numpy_helper.from_array((rng.standard_normal((co, 256, 3, 3)) * 0.05).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.standard_normal(co).astype(np.float32), "b")

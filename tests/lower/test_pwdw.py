@@ -252,6 +252,8 @@ def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     finally:
         pwdw.fuse_pointwise_depthwise = orig
     assert not _fused(plain) and len(plain.artifacts.program.kernels) == 3
+    # the pair stores its result in the unfused depthwise kernel's layout (channels-last: pixel-major depthwise tiles)
+    assert _fused(cm)[0].channels_last == plain.artifacts.program.kernels[1].steps[0].channels_last
     assert art.memory.arena_bytes < plain.artifacts.memory.arena_bytes * (1.1 if h < 14 else 1.0)
     assert art.memory.arena_bytes <= 1.05 * art.memory.lower_bound + 64
 

@@ -77,6 +77,7 @@ GEMM_CHANNELS_LAST_MIN_CI = 128
 WINOGRAD_CHANNELS_LAST = True
 TRUNK_RESIDUALS = True
 GLOBAL_POOL_CHANNELS_LAST = True  # GlobalAveragePool / GlobalMaxPool read a channels-last input (schedule.pool)
+PWDW_CHANNELS_LAST = True  # the fused 1x1 -> depthwise kernel stores channels-last (pixel-major depthwise tiles)
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -236,7 +237,9 @@ class _Layouts:
                     if not s.outputs or self.p.value_buffer.get(s.outputs[0]) != bid:
                         continue
                     if s.kind != "loop":
-                        if s.kind != "template" or s.producer is not None or s.scratch is not None or s.anchor is None:
+                        if s.kind != "template" or s.scratch is not None or s.anchor is None:
+                            return None
+                        if s.producer is not None and not PWDW_CHANNELS_LAST:
                             return None
                         if not self.template_writes_channels_last(s, trunk):
                             return None
@@ -412,7 +415,8 @@ class _Layouts:
                     return False
                 reads = [v for n in nodes for v in n.inputs]
             else:
-                reads = [v for n in s.nodes if n is not s.anchor for v in n.inputs]
+                convs = (s.anchor, s.producer.anchor if s.producer is not None else None)  # (they repack)
+                reads = [v for n in s.nodes if n not in convs for v in n.inputs]
             for v in reads:
                 bid = self.p.value_buffer.get(v)
                 b = self.p.buffers[bid] if bid is not None else None

@@ -470,25 +470,28 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     g = ConvGeometry(C, H, W, outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
     plan = plan_pwdw(g, K, N, call.target, call.threads, xref.strides[2] == W)
     ws, c = call.workspace, call.scratch
-    if plan is None or ws is None or plan.workspace_floats > ws.size or not c.contiguous:
+    if plan is None or ws is None or plan.workspace_floats > ws.size:
         raise TemplateError("Conv: internal: the fused 1x1 -> depthwise pair has no plan or workspace")
+    cl = not c.contiguous  # (the layout pass's choice: channels-last)
     names = call.names
     wpp = call.packed(pack_pw(np.asarray(pw_.const, dtype=np.float32).reshape(C, K), plan))
     wdp = call.packed(pack_dwc(np.asarray(w.const, dtype=np.float32).reshape(C, -1), plan))
     x = Buf(xref.ptr, "float32", _pwdw_input(plan, xref.shape, xref.strides, xref.offset))
     wpb = Buf(wpp.ptr, "float32", Layout.strided(wpp.shape))
     wdb = Buf(wdp.ptr, "float32", Layout.strided(wdp.shape))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, C, g.oh * g.ow), None, c.offset))
+    cb = Buf(c.ptr, "float32", Layout.strided((N, C, g.oh * g.ow), None if not cl else (c.strides[0], 1, C),
+                                              c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
-    epilogue = not (call.direct and bref is None)
+    epilogue = not (call.direct and bref is None) or cl
     # the 1x1 convolution's bias and ReLU or Clip in registers before its tiles' stores (no pass over its rows)
     tag = post_tag(*prod.post) if prod.post is not None and not plan.flat else None
     post = None
     if tag is not None:
         bp = call.packed(pack_bias(np.asarray(prod.inputs[2].const, dtype=np.float32), plan))
         post = (Buf(bp.ptr, "float32", Layout.strided(bp.shape)), tag)
-    f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity and tag is None, epilogue, fresh=names, post=post)
-    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity and tag is None, epilogue, ws.size, tag)
+    f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity and tag is None, epilogue, fresh=names, post=post,
+                  channels_last=cl)
+    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity and tag is None, epilogue, ws.size, tag, cl)
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
@@ -505,7 +508,7 @@ def _pwdw_input(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...]
 
 @functools.lru_cache(maxsize=256)
 def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], producer_epilogue: bool,
-                      epilogue: bool, ws_floats: int, tag: str | None = None) -> None:
+                      epilogue: bool, ws_floats: int, tag: str | None = None, channels_last: bool = False) -> None:
     """verify_func on the fused loop IR of ``plan`` (the same for every pair with these shapes)."""
     x = Buf("x", "float32", _pwdw_input(plan, shape, strides))
     wpb = Buf("wpw", "float32", Layout.strided((plan.ncb * plan.k * plan.cbi,)))
@@ -513,7 +516,8 @@ def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     post = (Buf("bias", "float32", Layout.strided((plan.ncb * plan.cbi,))), tag) if tag is not None else None
-    verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue, post=post))
+    verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue, post=post,
+                          channels_last=channels_last))
 
 
 def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
