@@ -34,6 +34,19 @@ def test_run_model_profile(cli, residual_path: Path) -> None:
     assert "Conv+Add+Relu" in out and "% peak" in out
     threads = os.cpu_count()  # compiled for the machine's cores by default
     assert re.search(rf"peak: [0-9.]+ GFLOP/s float32 FMA per core .*{threads} threads?", out)
+    assert re.search(r"form\W", out)  # each kernel's loop-IR functions (conv_direct, gemm_wconst, ...)
+
+
+def test_profile_peak_is_the_targets(cli, residual_path: Path) -> None:
+    """Code generated for a narrower target than the machine (x86-64-v3's AVX2 on an AVX-512 machine) is measured
+    against the FMA peak of that target's vectors (32 bytes), not the machine's widest."""
+    from dlcc.schedule.target import get_target
+
+    if not get_target("x86-64-v3").runs_here():
+        pytest.skip("x86-64-v3 code does not run on this machine")
+    code, out, err = cli("run", residual_path, "--profile", "--bench", "1", "--target", "x86-64-v3", "--threads", "1")
+    assert code == 0, err
+    assert re.search(r"peak: [0-9.]+ GFLOP/s float32 FMA per core \(measured: \d+ x 32-byte vectors", out)
 
 
 def test_run_bundle_profile(cli, residual_path: Path, tmp_path: Path) -> None:
@@ -42,6 +55,7 @@ def test_run_bundle_profile(cli, residual_path: Path, tmp_path: Path) -> None:
     assert code == 0, err
     figures = json.loads((bundle / "model.json").read_text())["figures"]
     assert [k["ops"] for k in figures["per_kernel"]] == ["Conv+Relu", "Conv+Add+Relu"]
+    assert all(k["form"] for k in figures["per_kernel"])  # (how each kernel runs, shown by --profile)
     code, out, err = cli("run", bundle, "--profile")
     assert code == 0, err
     assert sorted(_kernel_rows(out)) == ["k0", "k1"] and "best of 10 profiled runs" in out

@@ -275,21 +275,31 @@ def _bundle_kernels(path: Path, manifest: dict) -> list[dict]:
     return kernels
 
 
-def _print_profile(kernels: list[dict], seconds, runs: int, threads: int, layouts: dict | None = None) -> None:
-    """The per-kernel table of ``dlcc run --profile``, slowest first, with a total line."""
+def _target_peak(target):
+    """The measured FMA peak of the code generated for ``target`` (its vectors: x86-64-v3's AVX2 code on an
+    AVX-512 machine is measured with AVX2's), raising DlccError where it cannot be measured."""
+    from dlcc.build.cc import flags_for
     from dlcc.build.probe import fma_peak
+
+    return fma_peak(flags=flags_for(target))
+
+
+def _print_profile(kernels: list[dict], seconds, runs: int, threads: int, layouts: dict | None = None,
+                   target=None) -> None:
+    """The per-kernel table of ``dlcc run --profile``, slowest first, with a total line; % of the peak of
+    ``target``'s code (default native)."""
     from dlcc.build.profile import profile_rows
 
     rows = profile_rows(kernels, list(seconds))
     try:
-        peak = fma_peak()
+        peak = _target_peak(target)
     except DlccError as e:
         peak = None
         _err.print(f"dlcc: note: no % of peak: {e}", markup=False)
     gflops = peak.gflops if peak else None
     table = Table(title=f"kernels (best of {runs} profiled runs each)")
-    for col in ("kernel", "ops", "ms", "share", "MFLOP", "GFLOP/s", "% peak", "MB moved", "GB/s"):
-        table.add_column(col, justify="left" if col == "ops" else "right")
+    for col in ("kernel", "ops", "form", "ms", "share", "MFLOP", "GFLOP/s", "% peak", "MB moved", "GB/s"):
+        table.add_column(col, justify="left" if col in ("ops", "form") else "right")
 
     def fmt(ms, share, flops, moved, g, frac):
         return [f"{ms:.3f}", f"{100 * share:.1f}%", "-" if flops is None else f"{flops / 1e6:.1f}",
@@ -298,14 +308,15 @@ def _print_profile(kernels: list[dict], seconds, runs: int, threads: int, layout
 
     for r in sorted(rows, key=lambda r: (-r.seconds, r.index)):
         ops = r.ops if len(r.ops) <= 48 else r.ops[:45] + "..."
-        table.add_row(f"k{r.id}", ops, *fmt(1e3 * r.seconds, r.share, r.flops, r.bytes, r.gflops,
-                                             r.peak_fraction(gflops, threads)))
+        form = r.form if len(r.form) <= 32 else r.form[:29] + "..."
+        table.add_row(f"k{r.id}", ops, form, *fmt(1e3 * r.seconds, r.share, r.flops, r.bytes, r.gflops,
+                                                   r.peak_fraction(gflops, threads)))
     total = sum(r.seconds for r in rows)
     known = [r.flops for r in rows if r.flops is not None]
     flops = sum(known) if len(known) == len(rows) else None
     g = flops / total / 1e9 if flops is not None and total > 0 else None
     table.add_section()
-    table.add_row("total", f"{len(rows)} kernels", *fmt(1e3 * total, 1.0 if total else 0.0, flops,
+    table.add_row("total", f"{len(rows)} kernels", "", *fmt(1e3 * total, 1.0 if total else 0.0, flops,
                                                         sum(r.bytes for r in rows), g,
                                                         g / (gflops * threads) if g is not None and gflops else None))
     _out.print(table)
@@ -313,6 +324,9 @@ def _print_profile(kernels: list[dict], seconds, runs: int, threads: int, layout
         _out.print(f"peak: {peak.gflops:.1f} GFLOP/s float32 FMA per core (measured: {peak.accumulators} x "
                    f"{peak.vector_bytes}-byte vectors, {peak.cpu}); {threads} thread{'s' * (threads != 1)}: "
                    f"% peak = GFLOP/s / ({peak.gflops:.1f} x {threads})", markup=False)
+    if any("winograd" in r.form for r in rows):
+        _out.print("conv_winograd: FLOPs of the direct convolution it replaces (fewer multiply-adds run: its % peak "
+                   "may pass 100)", markup=False)
     from dlcc.schedule.layouts import describe_layouts
 
     if describe_layouts(layouts):
@@ -338,6 +352,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.profile:  # the bundle's profiled runs (best of --bench, default PROFILE_RUNS)
             kernels = _bundle_kernels(target, manifest)
             threads = manifest.get("figures", {}).get("threads", 1)
+            machine = manifest.get("target") or "native"
             layouts = manifest.get("figures", {}).get("layouts")
         with _progress(f"running {target}"):
             outs, latency, seconds = _run_bundle(target, feeds, (bench or PROFILE_RUNS) if args.profile else bench,
@@ -371,7 +386,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             with _progress("profiling"):
                 seconds = cm.profile(feeds, runs=bench or PROFILE_RUNS)
             kernels, threads, layouts = cm.info["per_kernel"], cm.info.get("threads", 1), cm.info.get("layouts")
-        _print_profile(kernels, seconds, bench or PROFILE_RUNS, threads, layouts)
+            machine = cm.info.get("target") or "native"
+        _print_profile(kernels, seconds, bench or PROFILE_RUNS, threads, layouts, machine)
     if args.save:
         out_dir = Path(args.save)
         if not out_dir.is_dir():
@@ -502,7 +518,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _report_compiled(args: argparse.Namespace) -> int:
     """``dlcc report --compiled``: compile as ``dlcc run`` does, profile, and add the kernel and arena charts."""
-    from dlcc.build.probe import fma_peak
     from dlcc.compiler import compile_model
     from dlcc.report import write_report
     from dlcc.report.charts import compiled_figures
@@ -519,7 +534,7 @@ def _report_compiled(args: argparse.Namespace) -> int:
         seconds = cm.profile(_feeds({n: (d, s) for n, d, s in cm.inputs}, {}, 0), runs=runs)
         update("measuring the FMA peak")
         try:
-            peak = fma_peak().gflops
+            peak = _target_peak(cm.info.get("target") or "native").gflops
         except DlccError as e:
             peak = None
             _err.print(f"dlcc: note: no % of peak: {e}", markup=False)

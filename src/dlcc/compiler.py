@@ -60,7 +60,7 @@ class Artifacts:
             "target": self.target.name,
             "threads": self.threads,
             "timings": dict(self.timings),
-            "per_kernel": _kernel_figures(self.program),  # [{id, ops, flops, bytes}] in call order: --profile
+            "per_kernel": _kernel_figures(self.program),  # [{id, ops, form, flops, bytes}] in call order: --profile
             "layouts": _layout_figures(self.program),  # channels-last buffers, Transposes removed and left
         }
 

@@ -21,11 +21,24 @@ from dataclasses import dataclass
 
 from dlcc.errors import DlccError
 
-__all__ = ["ProfileRow", "arena_occupancy", "kernel_figures", "parse_bundle_profile", "profile_rows"]
+__all__ = ["ProfileRow", "arena_occupancy", "kernel_figures", "kernel_form", "parse_bundle_profile", "profile_rows"]
+
+
+_FUNC = re.compile(r"^func (\w+)", re.M)
+
+
+def kernel_form(k) -> str:
+    """How kernel ``k`` runs: the names of its steps' loop-IR functions in order, each once ("conv_direct",
+    "conv_winograd", "gemm_wconst", "pwdw", "loop", ...; "copy" for a copy step), "" before code generation."""
+    names: list[str] = []
+    for s in k.steps:
+        names += ["copy"] if s.kind == "copy" else _FUNC.findall(s.loop_ir or "")
+    return "+".join(dict.fromkeys(names))
 
 
 def kernel_figures(program) -> list[dict]:
-    """``[{"id", "ops", "flops", "bytes"}]`` per kernel of ``program``, in call order (JSON-ready)."""
+    """``[{"id", "ops", "form", "flops", "bytes"}]`` per kernel of ``program``, in call order (JSON-ready);
+    ``form``: ``kernel_form``."""
     from dlcc.ops.cost import node_flops
 
     rows = []
@@ -38,7 +51,8 @@ def kernel_figures(program) -> list[dict]:
                 break
             flops += f
         moved = sum(program.buffers[b].nbytes for b in dict.fromkeys([*k.reads, *k.writes]))
-        rows.append({"id": k.id, "ops": "+".join(k.ops) or "copy", "flops": flops, "bytes": moved})
+        rows.append({"id": k.id, "ops": "+".join(k.ops) or "copy", "form": kernel_form(k), "flops": flops,
+                     "bytes": moved})
     return rows
 
 
@@ -51,6 +65,7 @@ class ProfileRow:
     share: float  # of the total over all kernels
     flops: int | None
     bytes: int
+    form: str = ""  # kernel_form (a bundle written before it: "")
 
     @property
     def gflops(self) -> float | None:
@@ -68,7 +83,8 @@ def profile_rows(kernels: Sequence[dict], seconds: Sequence[float]) -> list[Prof
                         hint="recompile the model (or rewrite the bundle) with this dlcc")
     total = sum(seconds)
     return [ProfileRow(i, int(k["id"]), str(k["ops"]), float(s), s / total if total > 0 else 0.0, k.get("flops"),
-                       int(k["bytes"])) for i, (k, s) in enumerate(zip(kernels, seconds, strict=True))]
+                       int(k["bytes"]), str(k.get("form", ""))) for i, (k, s) in enumerate(zip(kernels, seconds,
+                                                                                                  strict=True))]
 
 
 _KERNEL_LINE = re.compile(r"^kernel (\d+) ([0-9.eE+-]+) ([0-9.eE+-]+)$", re.M)
