@@ -14,7 +14,8 @@ HOSTILE = '<script>alert("x")</script>'
 
 def _figures(n: int, seconds=None) -> CompiledFigures:
     kernels = [{"id": i, "ops": "Conv+Relu" if i % 2 else HOSTILE, "flops": 1000 * (i + 1) if i % 3 else None,
-                "bytes": 64 * (i + 1)} for i in range(n)]
+                "bytes": 64 * (i + 1), **({"form": "conv_direct" if i % 2 else HOSTILE} if i % 4 else {})}
+               for i in range(n)]  # (a bundle written before the form field has none)
     seconds = [1e-4 * (i + 1) for i in range(n)] if seconds is None else seconds
     live = [1024 * (i % 4 + 1) for i in range(n)]
     return CompiledFigures(profile_rows(kernels, seconds), 3, 50.0, 1, live, [v + 64 for v in live],
@@ -44,7 +45,7 @@ def test_one_bar_per_kernel_and_escaped() -> None:
     assert len(re.findall(r'<rect class="kbar"', svg)) == 7
     assert "<script>" not in svg and "&lt;script&gt;" in svg
     section = compiled_section(fig)
-    assert "<script>" not in section
+    assert "<script>" not in section and "<th>form</th>" in section and ">conv_direct</td>" in section
     tags = _Tags()
     tags.feed(section)
     assert not tags.errors and not tags.stack

@@ -116,7 +116,8 @@ def kernel_chart(fig: CompiledFigures) -> str:
             note.append(f"{r.gflops:.1f} GFLOP/s")
         if frac is not None and r.flops:
             note.append(f"{100 * frac:.0f}% peak")
-        tip = (f"k{r.id} {r.ops}: {_ms(r.seconds)} ({100 * r.share:.1f}% of the total); "
+        form = f" ({r.form})" if r.form else ""
+        tip = (f"k{r.id} {r.ops}{form}: {_ms(r.seconds)} ({100 * r.share:.1f}% of the total); "
                f"{'-' if r.flops is None else f'{r.flops / 1e6:.2f} MFLOP'}; {_bytes(r.bytes)} moved")
         parts.append(f'<g><title>{_esc(tip)}</title>'
                      f'<text x="{label_w - 8}" y="{y + 12}" text-anchor="end">{_esc(_short(f"k{r.id} {r.ops}", 34))}'
@@ -193,11 +194,13 @@ def arena_chart(fig: CompiledFigures) -> str:
 
 def _slowest_table(fig: CompiledFigures, limit: int = 15) -> str:
     rows = sorted(fig.rows, key=lambda r: (-r.seconds, r.index))[:limit]
-    out = ['<table class="kernels"><thead><tr><th>kernel</th><th>ops</th><th>ms</th><th>share</th><th>MFLOP</th>'
+    out = ['<table class="kernels"><thead><tr><th>kernel</th><th>ops</th><th>form</th><th>ms</th><th>share</th>'
+           "<th>MFLOP</th>"
            "<th>GFLOP/s</th><th>% peak</th><th>bytes moved</th></tr></thead><tbody>"]
     for r in rows:
         frac = r.peak_fraction(fig.peak_gflops, fig.threads)
-        out.append(f"<tr><td>k{r.id}</td><td class=\"ops\">{_esc(r.ops)}</td><td>{1e3 * r.seconds:.3f}</td>"
+        out.append(f"<tr><td>k{r.id}</td><td class=\"ops\">{_esc(r.ops)}</td><td class=\"ops\">{_esc(r.form)}</td>"
+                   f"<td>{1e3 * r.seconds:.3f}</td>"
                    f"<td>{100 * r.share:.1f}%</td><td>{'-' if r.flops is None else f'{r.flops / 1e6:.1f}'}</td>"
                    f"<td>{'-' if r.gflops is None else f'{r.gflops:.1f}'}</td>"
                    f"<td>{'-' if frac is None else f'{100 * frac:.1f}%'}</td><td>{_esc(_bytes(r.bytes))}</td></tr>")
