@@ -258,6 +258,33 @@ def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     assert art.memory.arena_bytes <= 1.05 * art.memory.lower_bound + 64
 
 
+@pytest.mark.parametrize("n,k,c,h,kh,s,act,threads", [
+    (1, 40, 240, 14, 5, 1, "Silu", 2),  # rows as wide as the register tile, threads over groups
+    (1, 32, 160, 7, 3, 1, "Clip", 2),  # the flat form
+    (1, 24, 144, 28, 3, 1, "Clip", 1),
+])
+def test_fused_block_plan_for_avx512_on_any_machine(n, k, c, h, kh, s, act, threads):
+    """The AVX-512 plan of the fused pair, built (not run) whatever the machine: its arena is below the unfused
+    pair's and its result is in the unfused depthwise kernel's layout (on AVX-512 the pair fuses on 14- and 7-wide
+    rows; its result was NCHW there while the unfused depthwise stored channels-last, the projection then
+    repacking it in a workspace larger than the expanded tensor it saved: this failed on AVX-512 machines only)."""
+    from dlcc.compiler import build_artifacts
+
+    m, _ = _block(n, k, c, h, h, kh, s, act)
+    v4 = get_target("x86-64-v4")
+    art = build_artifacts(m, target=v4, threads=threads)
+    orig = pwdw.fuse_pointwise_depthwise
+    try:
+        pwdw.fuse_pointwise_depthwise = lambda *a, **kw: 0
+        plain = build_artifacts(m, target=v4, threads=threads)
+    finally:
+        pwdw.fuse_pointwise_depthwise = orig
+    fused = [st for kk in art.program.kernels for st in kk.steps if st.producer is not None]
+    assert len(fused) == 1 and len(plain.program.kernels) == 3
+    assert fused[0].channels_last == plain.program.kernels[1].steps[0].channels_last
+    assert art.memory.arena_bytes < plain.memory.arena_bytes * (1.1 if h < 14 else 1.0)
+
+
 def test_fused_block_every_target():
     m, feeds = _block(1, 8, 40, 15, 15, 3, 1, "Clip")
     ref = ort_output(m, feeds)
