@@ -210,7 +210,19 @@ def _block(n=1, k=16, c=40, h=28, w=28, kh=3, s=1, act="Clip", extra_reader=Fals
 
 
 def _fused(cm) -> list:
-    return [s for kk in cm.artifacts.program.kernels for s in kk.steps if s.producer is not None]
+    """The fused steps of a compiled model (or of its artifacts)."""
+    art = getattr(cm, "artifacts", cm)
+    return [s for kk in art.program.kernels for s in kk.steps if s.producer is not None]
+
+
+def _unfused(build):
+    """``build()`` with the 1x1 -> depthwise merge switched off."""
+    orig = pwdw.fuse_pointwise_depthwise
+    try:
+        pwdw.fuse_pointwise_depthwise = lambda *a, **kw: 0
+        return build()
+    finally:
+        pwdw.fuse_pointwise_depthwise = orig
 
 
 @pytest.mark.parametrize("n,k,c,h,kh,s,act,threads", [
@@ -245,12 +257,7 @@ def test_fused_block_matches_onnxruntime(n, k, c, h, kh, s, act, threads):
     # the expanded tensor has no buffer: the arena is below the unfused one's (the flat form's scratch holds it,
     # as the unfused tensor did: a 7 x 7 plane's worth, beside the ring buffers; the unfused projection reads the
     # depthwise output where it is, channels-last, so the flat form's per-thread scratch may exceed it by 8%)
-    orig = pwdw.fuse_pointwise_depthwise
-    try:
-        pwdw.fuse_pointwise_depthwise = lambda *a, **kw: 0
-        plain = dlcc.compile(m, threads=threads, target=target)
-    finally:
-        pwdw.fuse_pointwise_depthwise = orig
+    plain = _unfused(lambda: dlcc.compile(m, threads=threads, target=target))
     assert not _fused(plain) and len(plain.artifacts.program.kernels) == 3
     # the pair stores its result in the unfused depthwise kernel's layout (channels-last: pixel-major depthwise tiles)
     assert _fused(cm)[0].channels_last == plain.artifacts.program.kernels[1].steps[0].channels_last
@@ -273,13 +280,8 @@ def test_fused_block_plan_for_avx512_on_any_machine(n, k, c, h, kh, s, act, thre
     m, _ = _block(n, k, c, h, h, kh, s, act)
     v4 = get_target("x86-64-v4")
     art = build_artifacts(m, target=v4, threads=threads)
-    orig = pwdw.fuse_pointwise_depthwise
-    try:
-        pwdw.fuse_pointwise_depthwise = lambda *a, **kw: 0
-        plain = build_artifacts(m, target=v4, threads=threads)
-    finally:
-        pwdw.fuse_pointwise_depthwise = orig
-    fused = [st for kk in art.program.kernels for st in kk.steps if st.producer is not None]
+    plain = _unfused(lambda: build_artifacts(m, target=v4, threads=threads))
+    fused = _fused(art)
     assert len(fused) == 1 and len(plain.program.kernels) == 3
     assert fused[0].channels_last == plain.program.kernels[1].steps[0].channels_last
     assert art.memory.arena_bytes < plain.memory.arena_bytes * (1.1 if h < 14 else 1.0)

@@ -83,8 +83,8 @@ def profile_rows(kernels: Sequence[dict], seconds: Sequence[float]) -> list[Prof
                         hint="recompile the model (or rewrite the bundle) with this dlcc")
     total = sum(seconds)
     return [ProfileRow(i, int(k["id"]), str(k["ops"]), float(s), s / total if total > 0 else 0.0, k.get("flops"),
-                       int(k["bytes"]), str(k.get("form", ""))) for i, (k, s) in enumerate(zip(kernels, seconds,
-                                                                                                  strict=True))]
+                       int(k["bytes"]), str(k.get("form", "")))
+            for i, (k, s) in enumerate(zip(kernels, seconds, strict=True))]
 
 
 _KERNEL_LINE = re.compile(r"^kernel (\d+) ([0-9.eE+-]+) ([0-9.eE+-]+)$", re.M)

@@ -106,6 +106,13 @@ class Layout:
         return Layout(shape, tuple((a, dv, e, s) for (a, dv, e), s in zip(phys, strides, strict=True)))
 
     @property
+    def plain_strides(self) -> tuple[int, ...] | None:
+        """The strides of a plain layout (one physical dim per axis, in axis order, none blocked), else None."""
+        if [d[0] for d in self.dims] != list(range(len(self.shape))) or any(d[1] != 1 for d in self.dims):
+            return None
+        return tuple(d[3] for d in self.dims)
+
+    @property
     def span(self) -> int:
         """Elements from the buffer's start to one past the last addressable element."""
         return self.offset + sum((e - 1) * s for _, _, e, s in self.dims) + 1 if self.dims else self.offset + 1

@@ -259,9 +259,8 @@ def gemm_func_wconst(p: GemmPlan, ap: Buf, x: Buf, c: Buf, ws: Buf | None, epilo
             For(j, Const(0), w, (Store(ws, (panel + kk * NR + j,), Load(x, (b, k0 + kk, jp * NR + j))),),
                 "vectorized"),)),)
 
-    xd = x.layout.dims
-    plain = [d[0] for d in xd] == [0, 1, 2] and all(d[1] == 1 for d in xd) and xd[2][3] == 1
-    ldb = xd[1][3] if plain and b_in_place(p, xd[1][3]) else None
+    xs = x.layout.plain_strides
+    ldb = xs[1] if xs is not None and xs[2] == 1 and b_in_place(p, xs[1]) else None
     if ldb is None and ws is None:
         raise ValueError("gemm_func_wconst: B is packed here, and there is no workspace")
     pack = For(jp, jfirst, jlast, by_width(pack_panels)) if ldb is None else None
@@ -475,10 +474,10 @@ def gemm_func_conv(p: GemmPlan, g: ConvGeometry, x: Buf, wp: Buf, c: Buf, ws: Bu
     x_cl = x.shape[1] > 1 and xd[1][3] == 1  # (a channels-last input: a pixel's channels along a row of x)
     if x_cl:  # (read in order, stored rows apart)
         pack = For(r, Const(0), rows, (For(kk, Const(0), kcv, (Store(ws, (base + kk * rows + r,), value),)),))
-    elif [d[0] for d in xd] == [0, 1, 2, 3] and xd[3][3] == 1 and all(d[1] == 1 for d in xd):
+    elif (xs := x.layout.plain_strides) is not None and xs[3] == 1:
         # the same gather as a micro-kernel that copies runs along output rows (the loop above divides per
         # element, which C compilers do not vectorize)
-        name_ = im2col_micro(g.h, g.w, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, xd[1][3], xd[2][3], MR)
+        name_ = im2col_micro(g.h, g.w, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw, xs[1], xs[2], MR)
         pack = Micro(name_, (kcv, k0, ib * MR, rows, Ptr(x, (b, Const(0), Const(0), Const(0))), Ptr(ws, (base,))))
 
     jb = Var(fresh("jb"))
@@ -586,10 +585,8 @@ def _subst_value(value: Expr, ib: Var, q: Var, k0: Expr, pc: Var) -> Expr:
 
 def _rowmajor_stride(a: Buf) -> int | None:
     """The row stride of a 2-D operand whose rows are contiguous (then ``gemmr_`` reads it in place)."""
-    dims = a.layout.dims
-    if len(dims) == 2 and [d[0] for d in dims] == [0, 1] and all(d[1] == 1 for d in dims) and dims[1][3] == 1:
-        return dims[0][3]
-    return None
+    strides = a.layout.plain_strides
+    return strides[0] if strides is not None and len(strides) == 2 and strides[1] == 1 else None
 
 
 def _next_block(p: GemmPlan, bp: Buf, pc: Var, ib: Var, jp: Var, rb0: Expr, jfirst: Expr, kcv: Expr,

@@ -204,9 +204,9 @@ def global_pool_channels_last(x: Buf) -> bool:
     """Does ``global_pool_func`` read ``x`` (N, C, *spatial) pixel by pixel, every channel along a vector loop?
     Where its channels are contiguous (a channels-last buffer: read plane by plane, each element would be its own
     cache line)."""
-    dims = x.layout.dims
-    return (len(x.shape) >= 3 and x.shape[1] > 1 and math.prod(x.shape[2:]) > 1
-            and [d[0] for d in dims] == list(range(len(dims))) and all(d[1] == 1 for d in dims) and dims[1][3] == 1)
+    strides = x.layout.plain_strides
+    return len(x.shape) >= 3 and x.shape[1] > 1 and math.prod(x.shape[2:]) > 1 and strides is not None \
+        and strides[1] == 1
 
 
 def _global_pool_channels_last(x: Buf, is_max: bool, name: str, fresh: Callable[[str], str], threads: int,

@@ -479,8 +479,7 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     x = Buf(xref.ptr, "float32", _pwdw_input(plan, xref.shape, xref.strides, xref.offset))
     wpb = Buf(wpp.ptr, "float32", Layout.strided(wpp.shape))
     wdb = Buf(wdp.ptr, "float32", Layout.strided(wdp.shape))
-    cb = Buf(c.ptr, "float32", Layout.strided((N, C, g.oh * g.ow), None if not cl else (c.strides[0], 1, C),
-                                              c.offset))
+    cb = _pixels_dest(c, N, C, g.oh * g.ow)
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
     epilogue = not (call.direct and bref is None) or cl
     # the 1x1 convolution's bias and ReLU or Clip in registers before its tiles' stores (no pass over its rows)
@@ -497,6 +496,12 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
         return _pixel_store(call, bref, outs, idx, v)
 
     return call.emit(f, store, {wsb.name: ws.base()})
+
+
+def _pixels_dest(c: TensorRef, n: int, ch: int, pixels: int) -> Buf:
+    """The destination ``c`` as (N, C, pixels): contiguous, or channels-last where the layout pass stored it so."""
+    return Buf(c.ptr, "float32", Layout.strided((n, ch, pixels), None if c.contiguous else (c.strides[0], 1, ch),
+                                                c.offset))
 
 
 def _pwdw_input(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0) -> Layout:
@@ -530,8 +535,7 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
     N, c = xref.shape[0], call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     cl = not c.contiguous  # (the caller checked: channels-last)
-    cb = Buf(c.ptr, "float32", Layout.strided((N, g.ci, g.oh * g.ow), None if not cl else (
-        c.strides[0], 1, g.ci), c.offset))
+    cb = _pixels_dest(c, N, g.ci, g.oh * g.ow)
     trivial = call.direct and bref is None
     plan = plan_dwc(g, N, call.target, call.threads)
     ws = call.workspace
