@@ -208,6 +208,7 @@ def _schedule(b: _Build) -> None:
     from dlcc.schedule.chscale import fold_channel_scales
     from dlcc.schedule.layouts import assign_layouts
     from dlcc.schedule.pwdw import fuse_pointwise_depthwise
+    from dlcc.schedule.rings import add_rings
     from dlcc.schedule.target import get_target
     from dlcc.schedule.workspace import declare_workspace
 
@@ -217,6 +218,8 @@ def _schedule(b: _Build) -> None:
     if assign_layouts(b.program, target, b.threads):
         verify_program(b.program)
     if fold_channel_scales(b.program, target, b.threads):
+        verify_program(b.program)
+    if add_rings(b.program, target, b.threads):
         verify_program(b.program)
     declare_workspace(b.program, target, b.threads)
 
@@ -248,8 +251,9 @@ BACKEND: list[tuple[str, Callable[[_Build], None]]] = [
     ("lower", _lower),
     # per target and thread count: 1x1 convolutions merged into the depthwise convolution that reads them
     # (schedule.pwdw), buffers stored channels-last where that removes a layout change (schedule.layouts),
-    # then the scratch each kernel asks for (packed GEMM panels), declared before memory planning so the
-    # arena holds it
+    # per-channel scales folded into the convolution reading them (schedule.chscale), a zero ring around the
+    # buffers a depthwise convolution then reads in place (schedule.rings), then the scratch each kernel asks
+    # for (packed GEMM panels), declared before memory planning so the arena holds it
     ("schedule", _schedule),
     # one arena for every temporary, checked against the size limit before codegen copies the weights
     ("memory", _memory),

@@ -108,6 +108,8 @@ class TensorRef:
     shape: tuple[int, ...]
     strides: tuple[int, ...] = ()
     offset: int = 0
+    ring: tuple[int, ...] = ()  # a zero ring around the planes (``kir.Buffer.ring``: rows above, below, columns
+    # left, right), which a reader may take as the padding
 
     def __post_init__(self) -> None:
         if not _IDENT.match(self.ptr):
@@ -153,6 +155,17 @@ class TensorRef:
             return False
         n, c, h, w = self.shape
         return self.strides[1:] == (1, w * c, c) or (c == 1 and self.strides[2:] == (w, 1))
+
+    @property
+    def pixel_major(self) -> bool:
+        """Channels-last, or channels-last with a zero ring around the planes (rows and planes further apart)."""
+        if self.channels_last:
+            return True
+        if self.rank != 4 or len(self.ring) != 4:
+            return False
+        n, c, h, w = self.shape
+        return self.strides[1] == 1 and self.strides[3] == c and self.strides[2] >= w * c \
+            and self.strides[0] >= h * self.strides[2]
 
     def flat(self, i: str) -> str:
         """The C lvalue of element ``i`` in row-major order (only for contiguous refs)."""

@@ -56,6 +56,7 @@ from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
 from dlcc.schedule.chscale import scale_operands
 from dlcc.schedule.elementwise import inlined_nodes, map_func
+from dlcc.schedule.rings import ring_func
 from dlcc.schedule.target import Target, get_target
 
 __all__ = ["ALIGN", "CSource", "generate"]
@@ -112,11 +113,12 @@ class _KernelGen:
         self.target = target
         self.threads = threads
         self.micro: set[str] = set()  # micro-kernels the kernels call
+        self.zeroed: set[int] = set()  # buffers whose zero ring a kernel printed so far clears (``ring``)
 
     def ref(self, bid: int) -> TensorRef:
         b = self.p.buffers[bid]
         root, offset, strides = self.p.window(bid)
-        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset)
+        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset, b.ring)
 
     def kernel(self, k: Kernel) -> str:
         names = Names()
@@ -128,8 +130,20 @@ class _KernelGen:
         gen = ExprGen(refs, self.p.consts, names)
         parts = []
         for step in k.steps:
-            parts.append(self.step(step, gen, names))
-        return "\n".join(parts)
+            parts += [self.ring(step, names), self.step(step, gen, names)]
+        return "\n".join(p for p in parts if p)
+
+    def ring(self, step: Step, names: Names) -> str:
+        """The zeroing of the ring of the view this step writes (``schedule.rings``), or "" where it has none."""
+        bid = self.p.value_buffer.get(step.outputs[0]) if step.kind in ("template", "loop") and step.outputs else None
+        if bid is None or not self.p.buffers[bid].ring or self.p.window(bid)[0].id in self.zeroed:
+            return ""  # (the views written over it in place later find it zero)
+        root = self.p.window(bid)[0].id
+        self.zeroed.add(root)
+        f = ring_func(self.p.buffers[bid], f"p_{root}", names)
+        verify_func(f)
+        text, _ = print_c(f, {})
+        return f"/* zero ring */\n{{\n{indent(text)}\n}}"
 
     def step(self, step: Step, gen: ExprGen, names: Names) -> str:
         """A copy or a loop step as the loop IR of ``schedule.elementwise.map_func`` (the element each index
@@ -317,15 +331,16 @@ def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Nam
 
 def _memory_order(dst: TensorRef) -> tuple[int, ...] | None:
     """The dims of a destination whose strides are a permutation of a contiguous layout's other than the
-    row-major one (a channels-last buffer the schedule stage chose), outermost first; else None."""
+    row-major one (a channels-last buffer the schedule stage chose, its rows and planes further apart where it
+    has a zero ring), outermost first; else None."""
     if dst.contiguous or dst.size <= 1:
         return None
     order = tuple(sorted(range(dst.rank), key=lambda d: (-dst.strides[d], d)))
     expect = 1
     for d in reversed(order):
-        if dst.shape[d] > 1 and dst.strides[d] != expect:
-            return None
-        expect *= dst.shape[d]
+        if dst.shape[d] > 1 and (dst.strides[d] < expect if dst.ring else dst.strides[d] != expect):
+            return None  # (with a zero ring, the rows and planes are further apart)
+        expect = max(expect, dst.strides[d]) * dst.shape[d] if dst.ring else expect * dst.shape[d]
     return order if order != tuple(range(dst.rank)) else None
 
 

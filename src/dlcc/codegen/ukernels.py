@@ -42,7 +42,7 @@ _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_q(\d+)_(\d+))?(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
-_DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})$")
+_DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})(?:_x(\d+))?$")
 _GEMMB = re.compile(r"gemmb_(\d+)x(\d+)_(\d+)$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?(?:_f(\d+)x(\d+))?$")
 _GEMMQE = re.compile(r"gemmqe_(\d+)x(\d+)_(\d+)_v\d+_(n|r|c[0-9a-f]{8}_[0-9a-f]{8})$")
@@ -70,7 +70,7 @@ def micro_c(name: str, lanes: int) -> str:
     m = _DWC.match(name)
     if m is not None:
         return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=m.group(1) == "max",
-                    pixel_major=m.group(1) == "p")
+                    pixel_major=m.group(1) == "p", xpix=int(m.group(3) or 0))
     m = _GEMMR.match(name)
     if m is not None:
         return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q",
@@ -535,12 +535,14 @@ def _prefetch(head: str, at: str) -> str:
 
 
 def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int, *, lanes: int,
-         pool_max: bool = False, pixel_major: bool = False) -> str:
+         pool_max: bool = False, pixel_major: bool = False, xpix: int = 0) -> str:
     """A depthwise-convolution register tile (contract: ``lower.micro.dwc_micro``): accumulator a{p} holds the
     cbi (= lanes) channels of pixel p; per tap, the channels' weights are one vector load and each pixel's
     inputs one vector (on AVX-512, the FMA's memory operand); the tile is transposed in registers
     (``_transpose_store``) into ``c``, channel-major. ``pool_max``: each tap's inputs replace the accumulator
-    where they are greater (a compare and a bit select: NaN never replaces), from -inf."""
+    where they are greater (a compare and a bit select: NaN never replaces), from -inf. ``xpix``: the input's
+    pixel stride (0: ``cbi``)."""
+    xpix = xpix or cbi
     if cbi != lanes:
         raise ValueError(f"dwc micro-kernel: a block of {cbi} channels is not one vector of {lanes}")
     acc = [f"a{p}" for p in range(px)]
@@ -550,13 +552,13 @@ def _dwc(name: str, cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: i
         lines.insert(0, f"typedef int32_t dlcc_dwc_vi __attribute__((vector_size({4 * lanes})));")
     for ky in range(kh):
         for kx in range(kw):
-            base = ky * dh * xrow + kx * dw * cbi
+            base = ky * dh * xrow + kx * dw * xpix
             if pool_max:
                 lines.append(" ".join(
-                    f"{{ const dlcc_vf v = dlcc_vf_load(x + {base + p * sw * cbi}); const dlcc_dwc_vi m = v > {a}; "
+                    f"{{ const dlcc_vf v = dlcc_vf_load(x + {base + p * sw * xpix}); const dlcc_dwc_vi m = v > {a}; "
                     f"{a} = (dlcc_vf)((m & (dlcc_dwc_vi)v) | (~m & (dlcc_dwc_vi){a})); }}" for p, a in enumerate(acc)))
             else:
-                fmas = " ".join(f"{acc[p]} += wv * dlcc_vf_load(x + {base + p * sw * cbi});" for p in range(px))
+                fmas = " ".join(f"{acc[p]} += wv * dlcc_vf_load(x + {base + p * sw * xpix});" for p in range(px))
                 lines.append(f"{{ const dlcc_vf wv = dlcc_vf_load(w + {(ky * kw + kx) * cbi}); {fmas} }}")
     if pool_max:
         lines.append("(void)w;")

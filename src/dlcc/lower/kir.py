@@ -7,7 +7,10 @@ interpreter (``dlcc.lower.interp``) runs.
     Program
       buffers   id -> Buffer(kind input | output | weight | temp | view, dtype, shape)
                 a view is a window (element offset, element strides) on another buffer: Reshape-like ops
-                and Concat inputs written in place are views, so they cost no copy
+                and Concat inputs written in place are views, so they cost no copy; a view may keep a zero
+                ring in its base around its (H, W) planes (``ring``: rows above, below, columns left, right;
+                ``schedule.rings``), which the kernel writing the view zeroes before its step and nothing
+                else writes, so a kernel reading it takes the taps outside the plane without bounds tests
       kernels   in call order; a kernel = one fusion group = one C function, made of steps:
                   loop      one loop nest over a materialized value; its element is an inlined expression
                             of the group's elementwise/injective ops reading buffers
@@ -54,6 +57,7 @@ class Buffer:
     offset: int = 0  # views: elements into the base
     strides: tuple[int, ...] = ()  # element strides (contiguous when empty)
     data: np.ndarray | None = None  # weights
+    ring: tuple[int, ...] = ()  # views: the zero ring around the view's planes in its base (module docstring)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -228,7 +232,8 @@ def print_program(p: Program, memory=None) -> str:
     for b in sorted(p.buffers.values(), key=lambda b: b.id):
         where = ""
         if b.kind == "view":
-            where = f" = view of b{b.base} at +{b.offset} strides {list(b.strides)}"
+            where = f" = view of b{b.base} at +{b.offset} strides {list(b.strides)}" + (
+                f" zero ring {list(b.ring)}" if b.ring else "")
         elif b.kind == "temp" and memory is not None and b.id in memory.offsets:
             where = f" @ arena+{memory.offsets[b.id]}"
         lines.append(f"  b{b.id:<4} {b.kind:<6} {b.dtype}{list(b.shape)}{where}  # {sanitize_comment(b.name)}")

@@ -316,21 +316,26 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
 
 
 def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xrow: int,
-              pool_max: bool = False, pixel_major: bool = False) -> str:
+              pool_max: bool = False, pixel_major: bool = False, xpix: int = 0) -> str:
     """The name of a depthwise-convolution register tile (``cbi`` channels x ``px`` pixels of an output row)
     over a channel block in ``nchwc_``'s layout, registering its contract on first use (module docstring).
     ``pool_max`` (``dwcmax_``): the maximum of the taps' inputs instead (w unread; a NaN never replaces the
     running maximum, which starts at -inf). ``pixel_major`` (``dwcp_``): the tile stored as it is held, each
-    pixel's ``cbi`` channels one vector at ``c + p*cbi`` (``ldc`` unread): for a channels-last output."""
+    pixel's ``cbi`` channels one vector at ``c + p*cbi`` (``ldc`` unread): for a channels-last output.
+    ``xpix``: the input's pixels this many floats apart (0: ``cbi``, a repacked block; name ending ``_x{xpix}``
+    otherwise: a channels-last input with a zero ring read where it is, its pixels all its channels apart)."""
     if pool_max and pixel_major:
         raise ValueError("dwc micro-kernel: a pixel-major max tile is not built")
+    xpix = xpix or cbi
+    if xpix < cbi:
+        raise ValueError("dwc micro-kernel: pixels closer than a block of channels")
     kind = "dwcmax_" if pool_max else "dwcp_" if pixel_major else "dwc_"
-    name = kind + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow))
+    name = kind + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow)) + (f"_x{xpix}" if xpix != cbi else "")
     if name in MICRO:
         return name
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        span = (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw + 1) * cbi
+        span = (kh - 1) * dh * xrow + ((px - 1) * sw + (kw - 1) * dw) * xpix + cbi
         out = (1, 0, px * cbi) if pixel_major else (cbi, s["ldc"], px + DCONV_PAD)
         return {"x": (1, 0, span), "w": (1, 0, kh * kw * cbi), "c": out}
 
@@ -341,7 +346,7 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
         for ky in range(kh):
             for kx in range(kw):
                 for p in range(px):
-                    at = xo + ky * dh * xrow + (p * sw + kx * dw) * cbi
+                    at = xo + ky * dh * xrow + (p * sw + kx * dw) * xpix
                     v = x[at:at + cbi].astype(np.float64)
                     if pool_max:
                         acc[p] = np.where(v > acc[p], v, acc[p])
@@ -357,7 +362,7 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
     MICRO[name] = MicroKernel(
         name, (("x", "in"), ("w", "in"), ("c", "out"), ("ldc", "int")),
         f"c[{f'p*{cbi} + o' if pixel_major else 'o*ldc + p'}] = {'max' if pool_max else 'sum'} over taps of "
-        f"{'' if pool_max else f'w[(ky*{kw} + kx)*{cbi} + o] * '}x[ky*{dh * xrow} + (p*{sw} + kx*{dw})*{cbi} + o], "
+        f"{'' if pool_max else f'w[(ky*{kw} + kx)*{cbi} + o] * '}x[ky*{dh * xrow} + (p*{sw} + kx*{dw})*{xpix} + o], "
         f"o < {cbi}, p < {px}", footprint, reference)
     return name
 

@@ -26,7 +26,8 @@ the ``Target`` and the thread count. What comes out: the loop IR, in one of two 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +57,7 @@ from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DW_PAR_MIN_OUTPUTS", "POOL_BLOCKED_MAX_W", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "dwc_rows",
-           "pack_dwc", "plan_dwc"]
+           "pack_dwc", "plan_dwc", "reads_ring"]
 
 PLANE_BYTES = 48 * 1024  # a block's whole output plane up to this size: one epilogue loop over it
 # pools (MaxPool, AveragePool) over planes up to this wide take the channel-blocked form; wider ones the plane
@@ -115,6 +116,8 @@ class DwcPlan:
     # input rows it reads)
     rows_outer: bool = False  # the parts outermost and the blocks inside each: the part's input rows, every
     # channel, read from memory once and from L2 by the other blocks
+    ring: tuple[int, int] | None = None  # the input read where it is (``reads_ring``): the rows above and the
+    # columns left of it in its zero ring (a channels-last buffer, ``schedule.rings``); None: repacked per block
 
     @property
     def ncb(self) -> int:
@@ -141,14 +144,34 @@ class DwcPlan:
 
     @property
     def workspace_floats(self) -> int:
-        return self.threads * self.part_rows * self.wp * self.cbi
+        return 0 if self.ring is not None else self.threads * self.part_rows * self.wp * self.cbi
 
 
-def plan_dwc(g: ConvGeometry, batch: int, target: Target, threads: int = 1) -> DwcPlan | None:
-    """The channel-blocked plan, or None where it does not apply: one channel per vector (scalar targets)."""
+def reads_ring(g: ConvGeometry, strides: Sequence[int] | None, ring: Sequence[int], lanes: int) -> bool:
+    """Can the channel-blocked kernel read this depthwise convolution's input where it is, without the repacked
+    block? A channels-last input (``strides``, NCHW order) whose channels fill whole vectors, stored with a zero
+    ``ring`` (rows above, below, columns left, right: ``schedule.rings``) that holds every tap of every output
+    outside the plane: its pixels' channel blocks are then what the tiles read from a repacked block, at a
+    pixel stride of all the channels instead of one block."""
+    if strides is None or len(strides) != 4 or len(ring) != 4 or lanes < 4 or g.ci % lanes:
+        return False
+    top, bottom, left, right = ring
+    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
+    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    row = (g.w + left + right) * g.ci
+    return (tuple(strides[1:]) == (1, row, g.ci) and strides[0] == (g.h + top + bottom) * row
+            and top >= g.ph and left >= g.pw and g.h + bottom >= hp - g.ph and g.w + right >= wp - g.pw)
+
+
+def plan_dwc(g: ConvGeometry, batch: int, target: Target, threads: int = 1, strides: Sequence[int] | None = None,
+             ring: Sequence[int] = ()) -> DwcPlan | None:
+    """The channel-blocked plan, or None where it does not apply: one channel per vector (scalar targets). With
+    the input's ``strides`` and zero ``ring`` where it has one: read in place where ``reads_ring`` allows."""
     cbi = target.lanes
     if cbi < 4:
         return None
+    if reads_ring(g, strides, ring, cbi):
+        return dataclasses.replace(plan_dwc(g, batch, target, threads), ring=(ring[0], ring[2]))
     hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
     wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
     px = max(1, min(14, g.ow, target.vector_registers - 4))
@@ -200,48 +223,64 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name:
         y0 = simplify(r_lo * g.sh)
         rows_in = simplify(Bin("min", Const(p.hp), (r_hi - 1) * g.sh + ((g.kh - 1) * g.dh + 1)) - y0)
     nci = Bin("min", Const(cbi), Const(g.ci) - blk * cbi) if g.ci % cbi else Const(cbi)
-    pack = Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp, ring_min=pool_max, xw=xd[3][3]), (
-        Ptr(x, (b, blk * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci), y0,
-        rows_in, Ptr(ws, (simplify(wsb),))))
     band = p.band
     nb = -(-g.oh // band)
     ob = Var(fresh("ob"))
     oy0 = simplify(r_lo + ob * band) if S > 1 else ob * band if nb > 1 else Const(0)
+    if p.ring is not None:  # read where it is: the input as the flat run of its ring buffer (image 0's ring first)
+        pack: tuple[Stmt, ...] = ()
+        xn, xrow = xd[0][3], xd[2][3]
+        src = Buf(x.name, x.dtype, Layout.strided((p.batch * xn,), None, x.layout.offset - p.ring[0] * xrow
+                                                  - p.ring[1] * g.ci))
+        xpix = g.ci
 
-    def at(oy: Expr, x0: Expr) -> Expr:
-        # (with parts: the row within the part's repacked rows, from the band's row, which the loop bounds)
-        rowoff = (oy - oy0 + ob * band) * (g.sh * p.wp * cbi) if S > 1 else oy * (g.sh * p.wp * cbi)
-        return simplify(wsb + rowoff + x0 * (g.sw * cbi))
+        def at(oy: Expr, x0: Expr) -> Expr:
+            return simplify(b * xn + (oy * g.sh + (p.ring[0] - g.ph)) * xrow + (x0 * g.sw + (p.ring[1] - g.pw)) * g.ci
+                            + blk * cbi)
+    else:
+        pack = (Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp, ring_min=pool_max, xw=xd[3][3]), (
+            Ptr(x, (b, blk * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci), y0,
+            rows_in, Ptr(ws, (simplify(wsb),)))),)
+        src, xrow, xpix = ws, p.wp * cbi, 0
+
+        def at(oy: Expr, x0: Expr) -> Expr:
+            # (with parts: the row within the part's repacked rows, from the band's row, which the loop bounds)
+            rowoff = (oy - oy0 + ob * band) * (g.sh * p.wp * cbi) if S > 1 else oy * (g.sh * p.wp * cbi)
+            return simplify(wsb + rowoff + x0 * (g.sw * cbi))
 
     if S > 1:
         last = simplify(Bin("min", r_hi, oy0 + band))
     else:
         last = simplify(Bin("min", Const(g.oh), oy0 + band)) if g.oh % band else simplify(oy0 + band)
-    rows = dwc_rows(g, cbi, p.px, p.wp * cbi, band, ws, at, Ptr(wp, (blk, Const(0))), c, b, blk * cbi, oy0, last,
-                    simplify(nci), epilogue, fresh, pool_max, channels_last)
+    rows = dwc_rows(g, cbi, p.px, xrow, band, src, at, Ptr(wp, (blk, Const(0))), c, b, blk * cbi, oy0, last,
+                    simplify(nci), epilogue, fresh, pool_max, channels_last, xpix)
     if S > 1:
         nest: tuple[Stmt, ...] = (For(ob, Const(0), simplify((r_hi - r_lo + (band - 1)) // band), (rows,)),)
         w0, w1 = share(tv, p.ncb * S, T)
-        body: tuple[Stmt, ...] = (For(w, w0, w1, (For(b, Const(0), Const(p.batch), (pack, *nest)),)),)
+        body: tuple[Stmt, ...] = (For(w, w0, w1, (For(b, Const(0), Const(p.batch), (*pack, *nest)),)),)
     else:
         nest = (For(ob, Const(0), Const(nb), (rows,)),) if nb > 1 else (rows,)
         c0, c1 = share(tv, p.ncb, T)
-        body = (For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (pack, *nest)),)),)
+        body = (For(cb, c0, c1, (For(b, Const(0), Const(p.batch), (*pack, *nest)),)),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
+    if p.ring is not None:
+        return Func(name, (src, wp, c), body)
     return Func(name, (x, wp, c), (Alloc(ws, body),), (ws,))
 
 
 def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, at: Callable[[Expr, Expr], Expr],
              wptr: Ptr, c: Buf, b: Expr, ch0: Expr, oy0: Expr, oy1: Expr, nci: Expr, epilogue: bool,
-             fresh: Callable[[str], str] = str, pool_max: bool = False, pixel_major: bool = False) -> Stmt:
+             fresh: Callable[[str], str] = str, pool_max: bool = False, pixel_major: bool = False,
+             xpix: int = 0) -> Stmt:
     """Output rows [oy0, oy1) (at most ``band``) of the channel block from channel ``ch0`` of image ``b``: ``dwc_``
     register tiles of up to ``px`` pixels over the block in ``ws`` (``at(oy, x0)``: the element where output row
     ``oy``'s tile from column ``x0`` reads; rows ``xrow`` apart), transposed into a local channel-major band, then
     the fused epilogue along the band's rows as one loop (or, without ``epilogue``, a copy into ``c``), for the
     block's ``nci`` channels. The channel-blocked depthwise convolution's and the fused 1x1 -> depthwise pair's.
     ``pixel_major``: the band held pixel-major (``dwcp_`` tiles, no transpose) and the epilogue run per pixel
-    along its channels (a channels-last destination)."""
+    along its channels (a channels-last destination). ``xpix``: the pixels of ``ws`` this many floats apart (0:
+    ``cbi``, a repacked block; else the input itself, read where it is)."""
     if pixel_major and not epilogue:
         raise ValueError("dwc rows: a pixel-major band is stored through the epilogue only")
     oy, xt, o, q = (Var(fresh(v)) for v in ("oy", "xt", "o", "q"))
@@ -250,7 +289,7 @@ def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, 
     acc = Buf(fresh("acc"), "float32", Layout.strided(shape), "stack")  # (tiles store vectors)
 
     def tile(x0: Expr, n: int) -> Stmt:
-        uk = dwc_micro(cbi, n, g.kh, g.kw, g.sw, g.dh, g.dw, xrow, pool_max, pixel_major)
+        uk = dwc_micro(cbi, n, g.kh, g.kw, g.sw, g.dh, g.dw, xrow, pool_max, pixel_major, xpix)
         at0 = simplify((oy - oy0) * g.ow + x0)
         where = Ptr(acc, (at0, Const(0))) if pixel_major else Ptr(acc, (Const(0), at0))
         return Micro(uk, (Ptr(ws, (at(oy, x0),)), wptr, where, Const(span + DCONV_PAD)))

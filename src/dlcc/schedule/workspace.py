@@ -174,10 +174,12 @@ def _rows_bytes(node: ir.Node, target: Target, threads: int) -> int:
         return 0
 
 
-def _blocked_depthwise_bytes(node: ir.Node, kernel: tuple[int, int] | None, target: Target, threads: int) -> int:
+def _blocked_depthwise_bytes(node: ir.Node, kernel: tuple[int, int] | None, target: Target, threads: int,
+                             strides: tuple[int, ...] | None = None, ring: tuple[int, ...] = ()) -> int:
     """A depthwise convolution (``kernel``: its weight's kh, kw) or a 2-D pool (``kernel`` None: its kernel_shape;
     only on planes up to POOL_BLOCKED_MAX_W wide): the channel-blocked form's repacked block per thread
-    (``schedule.dwconv``), 0 where the plane kernel runs instead."""
+    (``schedule.dwconv``), 0 where the plane kernel runs instead or a convolution reads its input in place (its
+    ``strides`` and zero ``ring``: ``dwconv.reads_ring``)."""
     x, y = node.inputs[0], node.outputs[0]
     if x.shape is None or y.shape is None:
         return 0
@@ -196,7 +198,7 @@ def _blocked_depthwise_bytes(node: ir.Node, kernel: tuple[int, int] | None, targ
     except TemplateError:
         return 0
     g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], *kernel, sh, sw, dh, dw, pb[0], pb[1])
-    plan = plan_dwc(g, xs[0], target, threads)
+    plan = plan_dwc(g, xs[0], target, threads, strides if kernel is not None else None, ring)
     return 4 * plan.workspace_floats if plan is not None else 0
 
 
@@ -221,10 +223,11 @@ def _direct_in_place(node: ir.Node, is_const: Callable[[ir.Value], bool], target
 
 
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int,
-                         strides: tuple[int, ...] | None = None, channels_last: bool = False) -> int:
+                         strides: tuple[int, ...] | None = None, channels_last: bool = False,
+                         ring: tuple[int, ...] = ()) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight? ``strides``: its
-    first input's, where known: a direct convolution reading it in place asks for none; ``channels_last``: its
-    output is stored so, ``schedule.layouts``)."""
+    first input's, where known: a direct convolution reading it in place asks for none, nor does a depthwise one
+    reading it within its zero ``ring``; ``channels_last``: its output is stored so, ``schedule.layouts``)."""
     if node.op_type == "Attention" and node.domain == "dlcc":
         return _attention_bytes(node, target, threads)
     if node.op_type in ("MaxPool", "AveragePool") and node.inputs and node.inputs[0] is not None:
@@ -237,7 +240,8 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
         if (x.shape is not None and w.shape is not None and len(x.shape) == 4 and group == _shape(x)[1] == _shape(w)[0]
                 and group > 1 and is_const(w)):
             ws = _shape(w)  # depthwise: channel-blocked, or the plane kernel (no workspace)
-            return _blocked_depthwise_bytes(node, (ws[2], ws[3]), target, threads) if len(ws) == 4 else 0
+            return _blocked_depthwise_bytes(node, (ws[2], ws[3]), target, threads, strides, ring) if len(ws) == 4 \
+                else 0
         if _direct_in_place(node, is_const, target, threads, strides):
             return 0
         gcl = gemm_channels_last_form(node, is_const, target, threads) if channels_last else None
@@ -275,8 +279,9 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
             fused = fused_plan(p, step, target, threads)
             x = step.anchor.inputs[0] if step.anchor.inputs else None
             strides = p.window(p.value_buffer[x])[2] if x in p.value_buffer and step.input_scale is None else None
+            ring = p.buffers[p.value_buffer[x]].ring if strides is not None else ()
             nbytes = 4 * fused.workspace_floats if fused is not None else \
-                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides, step.channels_last)
+                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides, step.channels_last, ring)
             if nbytes and step.input_scale is not None:  # the folded per-channel scale (``chscale``), after the
                 n, c = (int(d) for d in step.input_scale.outputs[0].shape[:2])  # repacking: one per image, channel
                 nbytes += 4 * n * c

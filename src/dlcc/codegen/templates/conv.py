@@ -141,8 +141,8 @@ def conv(call: TemplateCall) -> str:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
     pointwise = all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
     # the kernels that repack their input (nchwc_) read it with unit column stride or channels-last
-    repacks = xref.strides[-1] == 1 or xref.channels_last
-    if not call.scratch.contiguous and not call.scratch.channels_last:
+    repacks = xref.strides[-1] == 1 or xref.pixel_major
+    if not call.scratch.contiguous and not call.scratch.pixel_major:
         raise TemplateError("Conv: internal: a strided destination that is not channels-last")
     g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
                      pb[0], pb[1]) if r == 2 else None
@@ -537,9 +537,15 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
     cl = not c.contiguous  # (the caller checked: channels-last)
     cb = _pixels_dest(c, N, g.ci, g.oh * g.ow)
     trivial = call.direct and bref is None
-    plan = plan_dwc(g, N, call.target, call.threads)
+    plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring)  # (a ring: read in place)
     ws = call.workspace
-    if plan is not None and ws is not None and plan.workspace_floats <= ws.size:
+    if plan is not None and plan.ring is not None:
+        wpk = call.packed(pack_dwc(w2, plan))
+        wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
+        f = dwc_func(plan, x, wp, cb, x, not trivial or cl, fresh=call.names, channels_last=cl)
+        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, 0, channels_last=cl, offset=xref.offset)
+        extra = {}
+    elif plan is not None and ws is not None and plan.workspace_floats <= ws.size:
         wpk = call.packed(pack_dwc(w2, plan))
         wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
         wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
@@ -563,12 +569,13 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
 
 @functools.lru_cache(maxsize=256)
 def _verify_dwc_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
-                     ws_floats: int, pool_max: bool = False, channels_last: bool = False) -> None:
-    """verify_func on the channel-blocked depthwise loop IR of ``plan`` (a convolution's, or a pool's)."""
-    x = Buf("x", "float32", Layout.strided(shape, strides))
+                     ws_floats: int, pool_max: bool = False, channels_last: bool = False, offset: int = 0) -> None:
+    """verify_func on the channel-blocked depthwise loop IR of ``plan`` (a convolution's, or a pool's; ``offset``:
+    the input's, in a buffer with a zero ring read in place)."""
+    x = Buf("x", "float32", Layout.strided(shape, strides, offset))
     wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
-    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
+    ws = Buf("ws", "float32", Layout.strided((max(ws_floats, 1),)), "workspace")
     verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max, channels_last=channels_last))
 
 
