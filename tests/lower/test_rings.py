@@ -143,8 +143,8 @@ def test_plan_on_any_machine(target, s):
         assert plain.program.kernels[1].steps[0].workspace is not None
         src = art.csource.source
         micro = set(re.findall(r"static void dlcc_uk_(\w+)\(", src))
-        assert not any(u.startswith(f"nchwc_{t.lanes}_") for u in micro)  # (only the stem's, of 3 channels)
-        assert any(u.startswith("nchwc_3_") for u in micro) and any(u.endswith("_x32") for u in micro)
+        assert not any(u.startswith("nchwc_") for u in micro)  # (the stem reads the image in place too)
+        assert any(u.endswith("_x32") for u in micro)
         assert src.count("/* zero ring */") == 1 and "/* zero ring */" in _body(src, 0)
         fig = layout_figures(art.program)  # (what ``dlcc run --profile`` and ``dlcc report`` say)
         assert fig["zero_rings"] == 1 and "zero_rings" not in layout_figures(plain.program)

@@ -40,7 +40,7 @@ _GEMM = re.compile(r"gemm(t?)_(\d+)x(\d+)(?:_f(\d+)x(\d+))?$")
 
 _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
-_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_q(\d+)_(\d+))?(?:_f(\d+))?$")
+_DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_n(\d+))?(?:_q(\d+)_(\d+))?(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
 _DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})(?:_x(\d+))?$")
 _GEMMB = re.compile(r"gemmb_(\d+)x(\d+)_(\d+)$")
@@ -61,8 +61,8 @@ def micro_c(name: str, lanes: int) -> str:
     m = _DCONV.match(name)
     if m is not None:
         return _dconv(name, int(m.group(3)), int(m.group(4)), *(int(v) for v in m.group(5).split("_")), lanes=lanes,
-                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)), prefetch=int(m.group(8) or 0),
-                      flat=(int(m.group(6)), int(m.group(7))) if m.group(6) else None)
+                      accumulate=bool(m.group(1)), pixel_major=bool(m.group(2)), prefetch=int(m.group(9) or 0),
+                      flat=(int(m.group(7)), int(m.group(8))) if m.group(7) else None, xci=int(m.group(6) or 0))
     m = _NCHWC.match(name)
     if m is not None:
         return _nchwc(name, *(int(v) for v in m.group(1).split("_")), lanes=lanes, ring_min=bool(m.group(2)),
@@ -465,7 +465,7 @@ def _dwflat(name: str, h: int, w: int, oh: int, ow: int, kh: int, kw: int, dh: i
 
 def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
            wskip: int, kwf: int | None = None, *, lanes: int, accumulate: bool = False,
-           pixel_major: bool = False, prefetch: int = 0, flat: tuple[int, int] | None = None) -> str:
+           pixel_major: bool = False, prefetch: int = 0, flat: tuple[int, int] | None = None, xci: int = 0) -> str:
     """A direct-convolution register tile (contract: ``lower.micro.dconv_micro``): accumulators a{j}_{p} hold
     output channels j*lanes.. of pixel p; the weights of one input channel and tap are no / lanes vector
     loads, each pixel's input value one broadcast (on AVX-512, the FMA's memory operand); the tile is
@@ -474,7 +474,8 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     one run of kw*cbi consecutive inputs per pixel. ``prefetch``: that many lines from ``pf`` prefetched per channel
     block (GCC and Clang; elsewhere ``pf`` is unread). ``flat`` (ow, rowstep): the pixels are q0 .. q0 + px - 1 of a
     plane taken as one row, each pixel's input through its own pointer (set once per call), the taps' and
-    blocks' offsets shared."""
+    blocks' offsets shared. ``xci``: an NCHW input read in place (channel i ``xci`` floats on, a row's pixels
+    adjacent): per kernel column, the block's channels in turn."""
     if no % lanes:
         raise ValueError(f"dconv micro-kernel: {no} output channels are not whole vectors of {lanes}")
     nv = no // lanes
@@ -482,7 +483,7 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     inner = [f"const dlcc_vf w{j} = dlcc_vf_load(w + {j * lanes});" for j in range(nv)]
     for p in range(px):
         fmas = " ".join(f"{acc[j][p]} += w{j} * xv;" for j in range(nv))
-        load = f"x{p}[o + i]" if flat is not None else f"xp[{p * sw * cbi} + i]"
+        load = f"x{p}[o + i]" if flat is not None else f"xp[{p * sw} + i * {xci}]" if xci else f"xp[{p * sw * cbi} + i]"
         inner.append(f"{{ const float xv = {load}; {fmas} }}")
     inner.append(f"w += {no};")
     lines = [f"dlcc_vf {', '.join(a for row in acc for a in row)};"]
@@ -495,7 +496,11 @@ def _dconv(name: str, no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh:
     at = f"b * {xcb} + ky * {dh * xrow}" + (f" + kx * {dw * cbi}" if dw != 1 else "")
     decl = f"const int64_t o = {at};" if flat is not None else f"const float* restrict xp = x + {at};"
     head = f"        {decl}\n"
-    if dw == 1:
+    if xci:  # (per kernel column, the block's channels: the packed weight's order)
+        at = f"b * {xcb} + ky * {dh * xrow} + kx * {dw}"
+        taps = (f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{\n        const float* restrict xp = x + {at};\n"
+                f"        for (int64_t i = 0; i < {cbi}; ++i) {{\n{body}\n        }}\n    }}")
+    elif dw == 1:
         taps = f"    {{\n{head}        for (int64_t i = 0; i < {kw * cbi}; ++i) {{\n{body}\n        }}\n    }}"
     else:
         taps = (f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{\n"

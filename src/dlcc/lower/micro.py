@@ -243,7 +243,7 @@ DCONV_PAD = 16  # elements after each row of a dconv tile it may overwrite (a wh
 
 def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, dw: int, xcb: int, xrow: int,
                 wskip: int = 0, kwf: int | None = None, accumulate: bool = False, pixel_major: bool = False,
-                prefetch: int = 0, flat: tuple[int, int] | None = None) -> str:
+                prefetch: int = 0, flat: tuple[int, int] | None = None, xci: int = 0) -> str:
     """The name of a direct-convolution register tile (``no`` output channels x ``px`` pixels) over a
     channel-blocked input, registering its contract on first use (see the module docstring). ``kwf``: the
     packed weight's kernel width when the tile reads only ``kw`` of its columns (a row's pixels that only those
@@ -257,10 +257,19 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     parameter ``q0`` after ``ldc``): the tile's pixels are pixels q0 .. q0 + px - 1 of an output plane ``ow``
     wide taken as one row (they may span output rows), pixel q's input at ``(q / ow)*rowstep + (q % ow)*sw*cbi``
     from ``x`` (``rowstep``: floats between the inputs of consecutive output rows), so a small plane (7 x 7) runs
-    whole tiles where its rows alone would leave a short one."""
+    whole tiles where its rows alone would leave a short one. ``xci`` (name ending ``_n{xci}`` before any ``_f``;
+    not with ``flat``): the input read where it is in NCHW, input channel i of a block ``xci`` floats on and a row's
+    pixels adjacent (the input channel at ``x[b*xcb + ky*dh*xrow + p*sw + kx*dw + i*xci]``), where the blocked
+    input has them at ``(p*sw + kx*dw)*cbi + i``: a first convolution of a few channels, its taps trimmed to the
+    input (``schedule.direct``)."""
     kwf = kw if kwf is None else kwf
+    if xci and flat is not None:
+        raise ValueError("dconv micro-kernel: an NCHW input is not read along a flat plane")
     geo = (cbi, kh, kw, sw, dh, dw, xcb, xrow, wskip) + ((kwf,) if kwf != kw else ())
     name = f"dconv{'a' if accumulate else ''}{'p' if pixel_major else ''}_{no}x{px}_" + "_".join(str(v) for v in geo)
+    unit = 1 if xci else cbi  # floats between a row's adjacent input pixels
+    if xci:
+        name += f"_n{xci}"
     if flat is not None:
         name += f"_q{flat[0]}_{flat[1]}"
     if prefetch:
@@ -272,14 +281,15 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
     def pix(p: int, s: dict[str, int]) -> int:
         """Floats from ``x`` to the input of the tile's pixel p."""
         if flat is None:
-            return p * sw * cbi
+            return p * sw * unit
         q = s["q0"] + p
         return (q // flat[0]) * flat[1] + (q % flat[0]) * sw * cbi
 
     def footprint(s: dict[str, int]) -> dict[str, tuple[int, int, int]]:
         ncb = max(s["ncb"], 1)
-        reach = max(pix(p, s) for p in range(px)) if flat is not None else (px - 1) * sw * cbi  # (q0's bound)
-        span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + reach + ((kw - 1) * dw + 1) * cbi
+        reach = max(pix(p, s) for p in range(px)) if flat is not None else (px - 1) * sw * unit  # (q0's bound)
+        last = (kw - 1) * dw + (cbi - 1) * xci + 1 if xci else ((kw - 1) * dw + 1) * cbi
+        span = (ncb - 1) * xcb + (kh - 1) * dh * xrow + reach + last
         out = {"x": (1, 0, span), "w": (1, 0, (ncb - 1) * wcb + ((kh - 1) * kwf + kw) * cbi * no),
                "c": (px, s["ldc"], no) if pixel_major else (no, s["ldc"], px + DCONV_PAD)}
         if prefetch:
@@ -296,8 +306,9 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
             for ky in range(kh):
                 for kx in range(kw):
                     for p in range(px):
-                        at = xo + b * xcb + ky * dh * xrow + pix(p, s) + kx * dw * cbi
-                        acc[p] += x[at:at + cbi].astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
+                        at = xo + b * xcb + ky * dh * xrow + pix(p, s) + kx * dw * unit
+                        v = x[at:at + (cbi - 1) * xci + 1:xci] if xci else x[at:at + cbi]
+                        acc[p] += v.astype(np.float64) @ wt[b, ky, kx].astype(np.float64)
         c, co, ldc = arrays["c"], offsets["c"], s["ldc"]
         for o in range(no):
             at = slice(co + o * ldc, co + o * ldc + px) if not pixel_major else slice(co + o, co + o + px * ldc, ldc)
@@ -310,7 +321,8 @@ def dconv_micro(no: int, px: int, cbi: int, kh: int, kw: int, sw: int, dh: int, 
         f"b < ncb and taps of w[...][o] * "
         f"x[b*{xcb} + ky*{dh * xrow} "
         + (f"+ ((q0 + p)/{flat[0]})*{flat[1]} + ((q0 + p)%{flat[0]})*{sw * cbi} + kx*{dw * cbi} + i]"
-           if flat is not None else f"+ (p*{sw} + kx*{dw})*{cbi} + i]") + f", o < {no}, p < {px}"
+           if flat is not None else f"+ p*{sw} + kx*{dw} + i*{xci}]" if xci else f"+ (p*{sw} + kx*{dw})*{cbi} + i]")
+        + f", o < {no}, p < {px}"
         + (f"; prefetches pf[0 : {16 * prefetch}*ncb]" if prefetch else ""), footprint, reference)
     return name
 

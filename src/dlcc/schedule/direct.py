@@ -7,7 +7,8 @@ register tile, thread split, workspace), the weight packed for it (``pack_direct
 
 The input is repacked per call into the workspace as channel blocks of ``cbi`` channels (the target's
 vector width; all the channels when there are fewer) with a zero ring as wide as the padding
-(``nchwc_...``: NCHW[cbi]c, so a tap never needs a bounds test). The register tile (``dconv_...``) is
+(``nchwc_...``: NCHW[cbi]c, so a tap never needs a bounds test); a first convolution reads its NCHW image where
+it is instead (``reads_nchw``: its tiles over the taps inside the input only). The register tile (``dconv_...``) is
 ``no`` output channels (whole vectors, the weights of one input channel and tap loaded once) by ``px``
 pixels of an output row (each input value broadcast once, feeding no / lanes FMAs): on AVX-512 2 x 16
 channels by 14 pixels (28 accumulators), 4 x 16 by 7 for 7-wide rows; on 16-register targets 2 vectors by
@@ -51,6 +52,7 @@ from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DirectPlan", "direct_func", "direct_pays", "flat_pointwise", "pack_direct", "plan_direct", "reads_in_place",
+           "reads_nchw",
            "repack_phase", "streams_input", "tile_score", "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
@@ -65,6 +67,12 @@ BALANCED_MIN_ACC = 12  # accumulators a register tile keeps to stay FMA-bound (p
 L1_WAY_BYTES = 4096
 L1_PASS_MIN_TILES = 8  # register tiles an L1 pass serves at least (``l1_chunk``)
 L1_CHUNKS = True  # a row's register tiles in passes over chunks of input blocks whose weights stay in L1 (``l1_chunk``)
+NCHW_INPUT = True  # switch: a first convolution reads its NCHW input where it is (``reads_nchw``), not repacked
+NCHW_MAX_CI = 4  # ... over at most this many input channels
+# ... and at most this many taps: a segment's tiles cover only the taps inside the input, so the columns whose taps
+# differ are tiles of one pixel (MobileNetV2's 3x3 stem: 0.138 -> 0.117 ms, EfficientNet-B0's 0.199 -> 0.184; a
+# 7x7 one has 3 such columns at 49 taps: ResNet-18's 1.107 -> 1.132 and 1.112 -> 1.117, Zen 5, 1 thread)
+NCHW_MAX_TAPS = 9
 GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
 GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
 
@@ -93,6 +101,8 @@ class DirectPlan:
     flat: bool = False  # register tiles along the output plane taken as one row (``flat_tiles``), not along its rows
     kchunk: int = 0  # "rows", "oc", "plane": input channel blocks per pass of a row's (the plane's) register tiles,
     # whose weights stay in L1 while the tiles run along it, the later passes added (``l1_chunk``); 0: one pass
+    nchw: bool = False  # the NCHW input read where it is (``reads_nchw``): each row and column segment's tiles over
+    # the taps that reach inside the input only, no repacking, no workspace
 
     @property
     def rh(self) -> int:
@@ -121,7 +131,7 @@ class DirectPlan:
     @property
     def input_floats(self) -> int:
         """The repacked input's floats (none when read in place)."""
-        return 0 if self.in_place else self.batch * self.ncb * self.hp * self.wp * self.cbi
+        return 0 if self.in_place or self.nchw else self.batch * self.ncb * self.hp * self.wp * self.cbi
 
     @property
     def ld_plane(self) -> int:
@@ -200,11 +210,12 @@ def streams_input(g: ConvGeometry, target: Target) -> bool:
             and 4 * -(-g.ci // cbi) * cbi * g.h * g.w > target.l2_bytes // 2)
 
 
-def _segments(o: int, k: int, s: int, d: int, p: int, n: int) -> list[tuple[int, int, int, int]]:
+def _segments(o: int, k: int, s: int, d: int, p: int, n: int, exact: bool = False) -> list[tuple[int, int, int, int]]:
     """Output positions [s0, s1) along one axis (``o`` of them, kernel size ``k``, stride, dilation, padding,
     input size ``n``) with the same kernel positions [k0, k1) reaching inside the input; one segment of the
     whole kernel unless splitting saves at least a quarter of the work: more tile variants cost more than the
-    few padding rows of an ordinary convolution (ResNet-18: 6% slower split at its 3x3 layers' border rows)."""
+    few padding rows of an ordinary convolution (ResNet-18: 6% slower split at its 3x3 layers' border rows).
+    ``exact``: always split (an input without a zero ring: a tap outside must not be read)."""
     segs: list[tuple[int, int, int, int]] = []
     for y in range(o):
         inside = [t for t in range(k) if 0 <= y * s + t * d - p < n] or [0]
@@ -213,7 +224,7 @@ def _segments(o: int, k: int, s: int, d: int, p: int, n: int) -> list[tuple[int,
             segs[-1] = (segs[-1][0], y + 1, *kk)
         else:
             segs.append((y, y + 1, *kk))
-    if sum((s1 - s0) * (k1 - k0) for s0, s1, k0, k1 in segs) > 0.75 * o * k:
+    if not exact and sum((s1 - s0) * (k1 - k0) for s0, s1, k0, k1 in segs) > 0.75 * o * k:
         return [(0, o, 0, k)]
     return segs
 
@@ -230,16 +241,16 @@ def _extent(o: int, k: int, s: int, d: int, p: int, n: int) -> tuple[int, int]:
     return p, (o - 1) * s + (k - 1) * d + 1
 
 
-def row_segments(g: ConvGeometry) -> list[tuple[int, int, int, int]]:
+def row_segments(g: ConvGeometry, exact: bool = False) -> list[tuple[int, int, int, int]]:
     """Output rows [s0, s1) with the same kernel rows [k0, k1) reaching inside the input (padding rows read
     only the zero ring; with a large dilation most rows reach one kernel row); see ``_segments``."""
-    return _segments(g.oh, g.kh, g.sh, g.dh, g.ph, g.h)
+    return _segments(g.oh, g.kh, g.sh, g.dh, g.ph, g.h, exact)
 
 
-def col_segments(g: ConvGeometry) -> list[tuple[int, int, int, int]]:
+def col_segments(g: ConvGeometry, exact: bool = False) -> list[tuple[int, int, int, int]]:
     """Output columns [s0, s1) with the same kernel columns [k0, k1) reaching inside the input (DeepLab's
     ASPP, dilation 12 on 28 columns: 2, 3 and 2 of the 3 kernel columns on 12, 4 and 12 columns)."""
-    return _segments(g.ow, g.kw, g.sw, g.dw, g.pw, g.w)
+    return _segments(g.ow, g.kw, g.sw, g.dw, g.pw, g.w, exact)
 
 
 def direct_pays(g: ConvGeometry, co: int, target: Target) -> bool:
@@ -275,6 +286,19 @@ def reads_in_place(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -
     return (strides is not None and len(strides) == 4 and g.kh == g.kw == 1 and g.ph == g.pw == 0 and inside
             and strides[1] == 1 and g.ci % cbi == 0 and strides[3] % cbi == 0
             and (4 * g.sw * strides[3]) % L1_WAY_BYTES != 0)
+
+
+def reads_nchw(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -> bool:
+    """Can the direct kernel read this convolution's NCHW input (``strides``) where it is? A first convolution:
+    up to ``NCHW_MAX_TAPS`` taps over at most ``NCHW_MAX_CI`` input channels (an image's RGB), one block of fewer
+    channels at most a vector, whose repacked copy (3 channels per pixel with a zero ring) only moved the image. Its
+    register tiles
+    then read each input channel's plane at its stride, a row's pixels adjacent, and cover the taps that reach
+    inside the input only: split into the row and column segments with the same kernel rows and columns inside
+    (``row_segments``, ``col_segments``, exact), so no tap reads outside and none tests bounds."""
+    return (NCHW_INPUT and strides is not None and len(strides) == 4 and 1 < g.kh * g.kw <= NCHW_MAX_TAPS
+            and g.ci <= min(lanes, NCHW_MAX_CI) and strides[3] == 1 and strides[2] >= g.w
+            and strides[1] >= g.h * strides[2] and strides[0] >= g.ci * strides[1])
 
 
 def tile_score(nv: int, px: int, ow: int, co: int, lanes: int, few: bool) -> float:
@@ -368,6 +392,15 @@ def l1_chunk(g: ConvGeometry, cbi: int, no: int, target: Target, tiles: int) -> 
 
 def plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
                 strides: Sequence[int] | None = None, max_nv: int = 4, flat_ok: bool = True) -> DirectPlan:
+    """The plan (``_plan_direct``), reading an NCHW input where it is where ``reads_nchw`` allows (its tiles then
+    along rows: no flat tiles)."""
+    if reads_nchw(g, strides, target.lanes):
+        return replace(_plan_direct(co, g, batch, target, threads, strides, max_nv, False), nchw=True)
+    return _plan_direct(co, g, batch, target, threads, strides, max_nv, flat_ok)
+
+
+def _plan_direct(co: int, g: ConvGeometry, batch: int, target: Target, threads: int = 1,
+                 strides: Sequence[int] | None = None, max_nv: int = 4, flat_ok: bool = True) -> DirectPlan:
     """The register tile: channel vectors x pixels, the best by ``tile_score`` of those that fit the register
     file beside one weight vector per channel vector and the broadcast input (one register; two where the
     FMA cannot take a broadcast from memory, i.e. without AVX-512); 1 to 4 channel vectors (1 only when the
@@ -500,8 +533,10 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     block = p.hp * p.wp * cbi
     if p.in_place and scale is not None:
         raise ValueError("direct convolution: an input read in place cannot be scaled on the way")
+    if p.nchw and (scale is not None or p.flat or ncb != 1):
+        raise ValueError("direct convolution: an NCHW input read in place is one block, unscaled, along rows")
     phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, t1, T, cb, b, scale, (p.rh, p.rw)) \
-        if not p.in_place else None
+        if not p.in_place and not p.nchw else None
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
@@ -560,7 +595,14 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         at = simplify(at0 + x0) if q0 is None else q0
         where = (at, simplify(oct * p.no) if wide else Const(0)) if cl else (Const(0), at)
         ahead = pf_lines if chunked is None or p.kchunk else 0  # (L1 passes prefetch; "chunks", "sweep" do not)
-        if p.in_place:  # (1x1, unpadded: the tile's pixels in the input itself, a block cbi floats on)
+        if p.nchw:  # (the input itself: the segment's taps all inside it, from kernel row k0 and column j0)
+            xs = x.layout.dims
+            uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, cbi * xs[1][3], xs[2][3],
+                             (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl,
+                             prefetch=ahead, xci=xs[1][3])
+            xin = Ptr(x, (b, Const(0), simplify(oy * g.sh + (k0 * g.dh - g.ph)), simplify(x0 * g.sw + (j0 * g.dw
+                                                                                                          - g.pw))))
+        elif p.in_place:  # (1x1, unpadded: the tile's pixels in the input itself, a block cbi floats on)
             xs = x.layout.dims
             uk = dconv_micro(p.no, px, cbi, 1, 1, g.sw * xs[3][3] // cbi, g.dh, g.dw, cbi, g.sh * xs[2][3], 0,
                              accumulate=accumulate, pixel_major=cl, prefetch=ahead)
@@ -601,7 +643,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         if chunked is None and p.kchunk:
             return l1_passes(lambda c: tiles(k0, k1, c))
         out: tuple[Stmt, ...] = ()
-        for x0, x1, j0, j1 in col_segments(g):
+        for x0, x1, j0, j1 in col_segments(g, p.nchw):
             full, tail = divmod(x1 - x0, p.px)
             if full:
                 x0t = simplify(xt * p.px + x0)
@@ -629,7 +671,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         if p.flat:
             return flat(chunked)
         out: tuple[Stmt, ...] = ()
-        for s0, s1, k0, k1 in row_segments(g):
+        for s0, s1, k0, k1 in row_segments(g, p.nchw):
             a, z = simplify(Bin("max", lo, Const(s0))), simplify(Bin("min", hi, Const(s1)))
             if isinstance(a, Const) and isinstance(z, Const) and a.value >= z.value:
                 continue
@@ -688,7 +730,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     elif T > 1:  # the channel tiles' loop parallelized, the threads outside the images
         phase2 = reorder(parallelize((phase2,), oct.name, T, t2.name), [t2.name, b.name])[0]
     params = (x, wp, c, *((scale,) if scale is not None else ()))
-    if phase1 is None:  # read in place: no repacking, no workspace
+    if phase1 is None:  # read in place (or NCHW): no repacking, no workspace
         return Func(name, params, (phase2,))
     return Func(name, params, (Alloc(ws, (phase1, phase2)),), (ws,))
 

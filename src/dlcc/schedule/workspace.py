@@ -23,7 +23,7 @@ from dlcc.lower.kir import Buffer, Program
 from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
-from dlcc.schedule.direct import direct_pays, flat_pointwise, plan_direct, reads_in_place, trim_taps
+from dlcc.schedule.direct import direct_pays, flat_pointwise, plan_direct, reads_in_place, reads_nchw, trim_taps
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -219,7 +219,8 @@ def _direct_in_place(node: ir.Node, is_const: Callable[[ir.Value], bool], target
     if strides is None:
         return False
     form = blocked_conv_form(node, is_const, target, threads)
-    return form is not None and form[0] == "direct" and reads_in_place(form[1], strides, target.lanes)
+    return form is not None and form[0] == "direct" and (reads_in_place(form[1], strides, target.lanes)
+                                                         or reads_nchw(form[1], strides, target.lanes))
 
 
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int,

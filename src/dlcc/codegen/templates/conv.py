@@ -42,6 +42,7 @@ from dlcc.schedule.direct import (
     pack_direct,
     plan_direct,
     reads_in_place,
+    reads_nchw,
     trim_taps,
 )
 from dlcc.schedule.dwconv import DwcPlan, dw_func, dwc_func, pack_dwc, plan_dwc
@@ -147,8 +148,9 @@ def conv(call: TemplateCall) -> str:
     g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
                      pb[0], pb[1]) if r == 2 else None
     # the direct kernel reading its input in place needs no workspace (``schedule.direct.reads_in_place``)
-    in_place = (r == 2 and group == 1 and repacks and call.input_scale is None
-                and direct_pays(g, M, call.target) and reads_in_place(g, xref.strides, call.target.lanes))
+    in_place = (r == 2 and group == 1 and repacks and call.input_scale is None and direct_pays(g, M, call.target)
+                and (reads_in_place(g, xref.strides, call.target.lanes)
+                     or reads_nchw(trim_taps(g)[0], xref.strides, call.target.lanes)))
     has_ws = call.workspace is not None or in_place
     w4 = np.asarray(w.const, dtype=np.float32) if w.const is not None else None
     if (r == 2 and group == C == M and C > 1 and w4 is not None and call.pack is not None and repacks):
