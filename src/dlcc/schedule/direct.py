@@ -69,10 +69,10 @@ L1_PASS_MIN_TILES = 8  # register tiles an L1 pass serves at least (``l1_chunk``
 L1_CHUNKS = True  # a row's register tiles in passes over chunks of input blocks whose weights stay in L1 (``l1_chunk``)
 NCHW_INPUT = True  # switch: a first convolution reads its NCHW input where it is (``reads_nchw``), not repacked
 NCHW_MAX_CI = 4  # ... over at most this many input channels
-# ... and at most this many taps: a segment's tiles cover only the taps inside the input, so the columns whose taps
-# differ are tiles of one pixel (MobileNetV2's 3x3 stem: 0.138 -> 0.117 ms, EfficientNet-B0's 0.199 -> 0.184; a
-# 7x7 one has 3 such columns at 49 taps: ResNet-18's 1.107 -> 1.132 and 1.112 -> 1.117, Zen 5, 1 thread)
-NCHW_MAX_TAPS = 9
+# ... and at most this many taps (Zen 5, 1 thread: MobileNetV2's 3x3 stem 0.130 -> 0.115 ms, EfficientNet-B0's
+# 0.199 -> 0.184; ResNet-50's 7x7 1.08 -> 1.07 and 1.09 -> 1.06, ResNet-18's within 2% either way; with exact
+# column segments, whose edge columns were tiles of one pixel, the 7x7 ones were up to 2% slower than the copy)
+NCHW_MAX_TAPS = 49
 GEMM_MIN_CI_FEW = 1024  # input channels from which a 1x1 convolution is a GEMM on 16 registers (direct_pays)
 GEMM_MIN_PIXELS_FEW = 196  # on planes of at least this many pixels
 
@@ -286,6 +286,39 @@ def reads_in_place(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -
     return (strides is not None and len(strides) == 4 and g.kh == g.kw == 1 and g.ph == g.pw == 0 and inside
             and strides[1] == 1 and g.ci % cbi == 0 and strides[3] % cbi == 0
             and (4 * g.sw * strides[3]) % L1_WAY_BYTES != 0)
+
+
+def nchw_pieces(g: ConvGeometry, px: int) -> list[list[tuple[int, int, int, int, bool]]] | None:
+    """An output row of a convolution reading its NCHW input in place, in chunks of ``px`` pixels (the last one
+    shorter), each as register tiles (x0, x1, j0, j1, add): the chunk's pixels [x0, x1) over kernel columns
+    [j0, j1). The first covers the chunk over the columns every pixel of it reaches inside the input; each further
+    one (``add``: added to the first) the pixels that reach one more run of columns inside, which are contiguous
+    (at the left edge the chunk's later pixels, at the right edge its first ones). So no tap reads outside the
+    input and the edge pixels ride in long tiles, where exact column segments would make them tiles of one pixel.
+    None where a chunk has no column all its pixels reach (a dilation past the plane): the exact segments then."""
+    def inside(ox: int) -> tuple[int, int]:
+        cols = [j for j in range(g.kw) if 0 <= ox * g.sw + j * g.dw - g.pw < g.w]
+        return (cols[0], cols[-1] + 1) if cols else (0, 0)
+
+    out = []
+    for a in range(0, g.ow, px):
+        b = min(a + px, g.ow)
+        spans = [inside(ox) for ox in range(a, b)]
+        lo, hi = max(s[0] for s in spans), min(s[1] for s in spans)
+        if lo >= hi:
+            return None
+        pieces = [(a, b, lo, hi, False)]
+        for j in (*range(lo), *range(hi, g.kw)):
+            pix = [ox for ox, s in zip(range(a, b), spans, strict=True) if s[0] <= j < s[1]]
+            if not pix:
+                continue
+            last = pieces[-1]
+            if last[4] and (last[0], last[1]) == (pix[0], pix[-1] + 1) and last[3] == j:
+                pieces[-1] = (last[0], last[1], last[2], j + 1, True)
+            else:
+                pieces.append((pix[0], pix[-1] + 1, j, j + 1, True))
+        out.append(pieces)
+    return out
 
 
 def reads_nchw(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -> bool:
@@ -572,6 +605,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     calls = ntiles if p.flat else g.oh  # register tiles of a channel tile that share the prefetching
     pf_lines = -(-wlen // (16 * ncb * calls)) if order in ("plane", "oc") and p.n_oct > 1 else 0
     planes0 = p.input_floats  # ("sweep": every channel tile's plane in the workspace after the repacked input)
+    nchw_cols = nchw_pieces(g, p.px) if p.nchw else None
 
     def tile(x0: Expr, px: int, k0: int, k1: int, j0: int, j1: int, chunked: Chunk, q0: Expr | None = None,
              call: Expr | None = None) -> Stmt:
@@ -639,11 +673,34 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         return (*make((Const(0), Const(kc), False)), For(ch, Const(1), Const(-(-ncb // kc)),
                                                           make((simplify(ch * kc), n, True))))
 
+    def nchw_tiles(k0: int, k1: int, pieces: list[list[tuple[int, int, int, int, bool]]]) -> tuple[Stmt, ...]:
+        """A row's tiles over an NCHW input read in place (``nchw_pieces``): each chunk's first tile over the
+        kernel columns every pixel of it reaches inside the input, then the others added; chunks of the whole
+        kernel in one loop."""
+        out: tuple[Stmt, ...] = ()
+        i = 0
+        while i < len(pieces):
+            a, b, j0, j1, _ = pieces[i][0]
+            run = 0
+            while (i + run < len(pieces) and len(pieces[i + run]) == 1 and pieces[i + run][0][2:4] == (0, g.kw)
+                   and pieces[i + run][0][1] - pieces[i + run][0][0] == p.px):
+                run += 1
+            if run > 1:
+                out += (For(xt, Const(0), Const(run), (tile(simplify(xt * p.px + a), p.px, k0, k1, 0, g.kw, None),)),)
+                i += run
+                continue
+            for x0, x1, c0, c1, add in pieces[i]:
+                out += (tile(Const(x0), x1 - x0, k0, k1, c0, c1, (Const(0), Const(ncb), True) if add else None),)
+            i += 1
+        return out
+
     def tiles(k0: int, k1: int, chunked: Chunk) -> tuple[Stmt, ...]:
         if chunked is None and p.kchunk:
             return l1_passes(lambda c: tiles(k0, k1, c))
+        if p.nchw and chunked is None and nchw_cols is not None:
+            return nchw_tiles(k0, k1, nchw_cols)
         out: tuple[Stmt, ...] = ()
-        for x0, x1, j0, j1 in col_segments(g, p.nchw):
+        for x0, x1, j0, j1 in col_segments(g, p.nchw):  # (NCHW: with a dilation past the plane)
             full, tail = divmod(x1 - x0, p.px)
             if full:
                 x0t = simplify(xt * p.px + x0)
