@@ -99,11 +99,13 @@ def test_profile_says_what_the_layout_assignment_did(cli, tmp_path: Path) -> Non
     onnx.save(_nhwc_graph("direct", True, None)[0], path)
     code, out, err = cli("run", path, "--profile", "--bench", "2")
     assert code == 0, err
-    assert re.search(r"layouts: 2 buffers stored channels-last, 2 NCHW <-> NHWC Transposes removed, 0 left", out)
+    assert re.search(r"layouts: 2 buffers stored channels-last, 2 NCHW <-> NHWC Transposes removed, 0 left; "
+                     r"1 kernel repacks its input into channel blocks on every call", out)
     bundle = tmp_path / "b"
     assert cli("compile", path, "-o", bundle)[0] == 0
     figures = json.loads((bundle / "model.json").read_text())["figures"]
-    assert figures["layouts"] == {"channels_last_buffers": 2, "transposes_removed": 2, "transposes_left": 0}
+    assert figures["layouts"] == {"channels_last_buffers": 2, "transposes_removed": 2, "transposes_left": 0,
+                                  "repacking_kernels": 1}
     code, out, err = cli("run", bundle, "--profile")
     assert code == 0 and "2 NCHW <-> NHWC Transposes removed" in out
     code, _, err = cli("report", path, "-o", tmp_path / "r.html", "--compiled")
