@@ -101,6 +101,7 @@ CASES = [  # n, ci, h, w, co, k, stride, dilation, pad, threads
     (1, 4, 8, 9, 16, 2, 1, 1, 0, 1),  # 2x2 unpadded: one segment each way
     (1, 3, 30, 31, 32, 7, 2, 1, 3, 2),  # ResNet's 7x7 stem: edge chunks as a tile and added ones, both sides
     (1, 3, 20, 11, 16, 5, 1, 1, 2, 1),  # 5x5 stride 1 on 11 columns: one chunk reaching both edges
+    (1, 3, 5, 4, 16, 2, 1, 1, 1, 1),  # 2x2 padded on 4 columns: no kernel column every pixel reaches (exact segments)
 ]
 
 
@@ -143,6 +144,9 @@ def test_only_first_convolutions_read_nchw():
     assert not reads_nchw(ConvGeometry(16, 56, 56, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1), (16 * 3136, 3136, 56, 1), 16)
     assert not reads_nchw(ConvGeometry(3, 56, 56, 56, 56, 1, 1, 1, 1, 1, 1, 0, 0), (3 * 3136, 3136, 56, 1), 16)
     assert not reads_nchw(g, (3 * 224 * 224, 1, 224 * 3, 3), t.lanes)
+    # (padding past the kernel: border outputs would read only the padding, which the repacked copy holds)
+    assert not reads_nchw(ConvGeometry(3, 4, 4, 8, 8, 3, 3, 1, 1, 1, 1, 3, 3), (48, 16, 4, 1), t.lanes)
+    assert nchw_pieces(ConvGeometry(3, 5, 4, 6, 5, 2, 2, 1, 1, 1, 1, 1, 1), 14) is None
 
 
 def _stem(k=3, s=2, c=32, h=64, n=1, seed=0):

@@ -51,9 +51,8 @@ from dlcc.schedule.loops import PAR_MIN_FLOPS, l2_quarter_rows, share
 from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
-__all__ = ["DirectPlan", "direct_func", "direct_pays", "flat_pointwise", "pack_direct", "plan_direct", "reads_in_place",
-           "reads_nchw",
-           "repack_phase", "streams_input", "tile_score", "trim_taps"]
+__all__ = ["DirectPlan", "direct_func", "direct_pays", "flat_pointwise", "nchw_pieces", "pack_direct", "plan_direct",
+           "reads_in_place", "reads_nchw", "repack_phase", "streams_input", "tile_score", "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
 PLANE_BYTES = 48 * 1024  # a channel tile's whole output plane up to this size: one epilogue loop over it
@@ -101,8 +100,8 @@ class DirectPlan:
     flat: bool = False  # register tiles along the output plane taken as one row (``flat_tiles``), not along its rows
     kchunk: int = 0  # "rows", "oc", "plane": input channel blocks per pass of a row's (the plane's) register tiles,
     # whose weights stay in L1 while the tiles run along it, the later passes added (``l1_chunk``); 0: one pass
-    nchw: bool = False  # the NCHW input read where it is (``reads_nchw``): each row and column segment's tiles over
-    # the taps that reach inside the input only, no repacking, no workspace
+    nchw: bool = False  # the NCHW input read where it is (``reads_nchw``): tiles over the taps inside the input only
+    # (per exact row segment, along a row in ``nchw_pieces``), no repacking, no workspace
 
     @property
     def rh(self) -> int:
@@ -322,16 +321,20 @@ def nchw_pieces(g: ConvGeometry, px: int) -> list[list[tuple[int, int, int, int,
 
 
 def reads_nchw(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -> bool:
-    """Can the direct kernel read this convolution's NCHW input (``strides``) where it is? A first convolution:
-    up to ``NCHW_MAX_TAPS`` taps over at most ``NCHW_MAX_CI`` input channels (an image's RGB), one block of fewer
-    channels at most a vector, whose repacked copy (3 channels per pixel with a zero ring) only moved the image. Its
-    register tiles
-    then read each input channel's plane at its stride, a row's pixels adjacent, and cover the taps that reach
-    inside the input only: split into the row and column segments with the same kernel rows and columns inside
-    (``row_segments``, ``col_segments``, exact), so no tap reads outside and none tests bounds."""
+    """Can the direct kernel read this convolution's NCHW input (``strides``) where it is? A first convolution: up
+    to ``NCHW_MAX_TAPS`` taps over at most ``NCHW_MAX_CI`` input channels (an image's RGB), one block of at most a
+    vector, whose repacked copy (3 channels a pixel, with a zero ring) only moved the image; every output row and
+    column reaching the input with at least one tap. Its register tiles then read each input channel's plane at its
+    stride, a row's pixels adjacent, over the taps inside the input only: per row segment with the same kernel rows
+    inside (``row_segments``, exact), along a row in chunks (``nchw_pieces``), so no tap reads outside the input
+    and none tests bounds."""
+    def reaches(o: int, k: int, s: int, d: int, p: int, n: int) -> bool:
+        return all(any(0 <= y * s + t * d - p < n for t in range(k)) for y in range(o))
+
     return (NCHW_INPUT and strides is not None and len(strides) == 4 and 1 < g.kh * g.kw <= NCHW_MAX_TAPS
             and g.ci <= min(lanes, NCHW_MAX_CI) and strides[3] == 1 and strides[2] >= g.w
-            and strides[1] >= g.h * strides[2] and strides[0] >= g.ci * strides[1])
+            and strides[1] >= g.h * strides[2] and strides[0] >= g.ci * strides[1]
+            and reaches(g.oh, g.kh, g.sh, g.dh, g.ph, g.h) and reaches(g.ow, g.kw, g.sw, g.dw, g.pw, g.w))
 
 
 def tile_score(nv: int, px: int, ow: int, co: int, lanes: int, few: bool) -> float:
@@ -677,16 +680,19 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         """A row's tiles over an NCHW input read in place (``nchw_pieces``): each chunk's first tile over the
         kernel columns every pixel of it reaches inside the input, then the others added; chunks of the whole
         kernel in one loop."""
+        def whole(chunk: list[tuple[int, int, int, int, bool]]) -> bool:  # (a full chunk over the whole kernel)
+            return len(chunk) == 1 and chunk[0][2:4] == (0, g.kw) and chunk[0][1] - chunk[0][0] == p.px
+
         out: tuple[Stmt, ...] = ()
         i = 0
         while i < len(pieces):
-            a, b, j0, j1, _ = pieces[i][0]
             run = 0
-            while (i + run < len(pieces) and len(pieces[i + run]) == 1 and pieces[i + run][0][2:4] == (0, g.kw)
-                   and pieces[i + run][0][1] - pieces[i + run][0][0] == p.px):
+            while i + run < len(pieces) and whole(pieces[i + run]):
                 run += 1
             if run > 1:
-                out += (For(xt, Const(0), Const(run), (tile(simplify(xt * p.px + a), p.px, k0, k1, 0, g.kw, None),)),)
+                first = pieces[i][0][0]
+                out += (For(xt, Const(0), Const(run), (tile(simplify(xt * p.px + first), p.px, k0, k1, 0, g.kw,
+                                                             None),)),)
                 i += run
                 continue
             for x0, x1, c0, c1, add in pieces[i]:
@@ -700,7 +706,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         if p.nchw and chunked is None and nchw_cols is not None:
             return nchw_tiles(k0, k1, nchw_cols)
         out: tuple[Stmt, ...] = ()
-        for x0, x1, j0, j1 in col_segments(g, p.nchw):  # (NCHW: with a dilation past the plane)
+        for x0, x1, j0, j1 in col_segments(g, p.nchw):  # (NCHW: where a chunk has no column all its pixels reach)
             full, tail = divmod(x1 - x0, p.px)
             if full:
                 x0t = simplify(xt * p.px + x0)

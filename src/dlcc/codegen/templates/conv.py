@@ -544,7 +544,7 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
     if plan is not None and plan.ring is not None:
         wpk = call.packed(pack_dwc(w2, plan))
         wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-        f = dwc_func(plan, x, wp, cb, x, not trivial or cl, fresh=call.names, channels_last=cl)
+        f = dwc_func(plan, x, wp, cb, x, not trivial or cl, fresh=call.names, channels_last=cl)  # (no workspace)
         _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, 0, channels_last=cl, offset=xref.offset)
         extra = {}
     elif plan is not None and ws is not None and plan.workspace_floats <= ws.size:
