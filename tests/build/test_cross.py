@@ -5,6 +5,7 @@ onnxruntime. `.ci/run` installs the two packages when it can; without them the t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -84,12 +85,33 @@ def _nhwc_block() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-BUILT = {"winograd": _winograd_conv, "expand_depthwise": _expand_depthwise, "nhwc_block": _nhwc_block}
+def _stem_ring() -> onnx.ModelProto:
+    """A MobileNet start: a 3x3 stride-2 convolution from 3 channels (Clip), then a 3x3 depthwise one over its 16
+    channels (Clip) and a 1x1 projection: on NEON the stem reads the NCHW image where it is (``dconv_..._n``) and
+    writes into a buffer with a zero ring, which the depthwise kernel reads in place (``dwc_..._x16``)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(6)
+    arrays = {"ws": rng.standard_normal((16, 3, 3, 3)) / 5, "bs": rng.standard_normal(16),
+              "wd": rng.standard_normal((16, 1, 3, 3)) / 3, "wp": rng.standard_normal((8, 16, 1, 1)) / 4,
+              "lo": np.array(0.0), "hi": np.array(6.0)}
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()]
+    nodes = [helper.make_node("Conv", ["x", "ws", "bs"], ["a"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["ac"]),
+             helper.make_node("Conv", ["ac", "wd"], ["d"], kernel_shape=[3, 3], pads=[1] * 4, group=16),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["dc"]), helper.make_node("Conv", ["dc", "wp"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 29, 30])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 15, 15])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+BUILT = {"winograd": _winograd_conv, "expand_depthwise": _expand_depthwise, "nhwc_block": _nhwc_block,
+         "stem_ring": _stem_ring}
 
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 @pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder", "winograd",
-                                  "expand_depthwise", "nhwc_block"])
+                                  "expand_depthwise", "nhwc_block", "stem_ring"])
 def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -> None:
     model = BUILT[name]() if name in BUILT else randomize(KIT_MODELS[name](), seed=0)
     src = tmp_path / f"{name}.onnx"
@@ -103,6 +125,8 @@ def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -
     assert ("dlcc_uk_gemmq" in kernels) == (name == "expand_depthwise")
     if name == "nhwc_block":
         assert "dlcc_uk_dconvp_" in kernels
+    if name == "stem_ring":
+        assert re.search(r"dlcc_uk_dconvp?_\w+_n870\(", kernels) and "_x16(" in kernels and "zero ring" in kernels
     manifest = json.loads((out / "model.json").read_text())
     assert manifest["target"] == "aarch64"
     feeds = random_inputs(model, seed=1)
