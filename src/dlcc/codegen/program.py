@@ -136,9 +136,9 @@ class _KernelGen:
     def ring(self, step: Step, names: Names) -> str:
         """The zeroing of the ring of the view this step writes (``schedule.rings``), or "" where it has none."""
         bid = self.p.value_buffer.get(step.outputs[0]) if step.kind in ("template", "loop") and step.outputs else None
-        if bid is None or not self.p.buffers[bid].ring or self.p.window(bid)[0].id in self.zeroed:
+        root = self.p.window(bid)[0].id if bid is not None and self.p.buffers[bid].ring else None
+        if root is None or root in self.zeroed:
             return ""  # (the views written over it in place later find it zero)
-        root = self.p.window(bid)[0].id
         self.zeroed.add(root)
         f = ring_func(self.p.buffers[bid], f"p_{root}", names)
         verify_func(f)

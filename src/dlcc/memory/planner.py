@@ -231,7 +231,7 @@ def plan_memory(buffers: Iterable[Buffer], alignment: int = 64, strategy: str = 
         for start in sorted(plans, key=lambda p: p.arena_bytes) if best.arena_bytes > best.lower_bound else ():
             trial = _search(bufs, alignment, _order(bufs, alignment, start.strategy), size, best.lower_bound)
             if trial is not None:
-                found, size = trial, _arena(bufs, alignment, _place(trial, alignment))
+                found, size = trial
             if size <= best.lower_bound:
                 break
         return _plan(bufs, alignment, found, "search") if found is not None else best
@@ -267,11 +267,12 @@ def _plan(bufs: Sequence[Buffer], alignment: int, order: Sequence[Buffer], strat
 SEARCH_WORK = 2_000_000  # the search's budget: tries x buffers^2 (about 180 tries of ResNet-50's 106 buffers)
 
 
-def _search(bufs: Sequence[Buffer], alignment: int, order: list[Buffer], arena: int, bound: int) -> list[Buffer] | None:
-    """An order whose best-fit placement is smaller than ``arena``, or None: the greedy ``order`` with a few
-    nearby buffers swapped (seeded, so a model always gets the same plan), keeping each improvement, until the
-    lower bound or the budget. Greedy orders miss the bound where equal large buffers land in the wrong
-    slots: ResNet-50 at 2 threads on AVX2 1.26x the bound (three 4.5 MB workspaces above the activations),
+def _search(bufs: Sequence[Buffer], alignment: int, order: list[Buffer], arena: int,
+            bound: int) -> tuple[list[Buffer], int] | None:
+    """An order whose best-fit placement is smaller than ``arena`` and that placement's arena, or None: the greedy
+    ``order`` with a few nearby buffers swapped (seeded, so a model always gets the same plan), keeping each
+    improvement, until the lower bound or the budget. Greedy orders miss the bound where equal large buffers land
+    in the wrong slots: ResNet-50 at 2 threads on AVX2 1.26x the bound (three 4.5 MB workspaces above the activations),
     ResNet-18 at 1 thread 1.11x; both reach it within 30 tries."""
     rng = random.Random(0)
     found = None
@@ -289,7 +290,7 @@ def _search(bufs: Sequence[Buffer], alignment: int, order: list[Buffer], arena: 
             found, arena = trial, size
             if arena <= bound:
                 break
-    return found
+    return (found, arena) if found is not None else None
 
 
 def verify_memory_plan(buffers: Iterable[Buffer], plan: MemoryPlan) -> None:

@@ -209,6 +209,12 @@ def streams_input(g: ConvGeometry, target: Target) -> bool:
             and 4 * -(-g.ci // cbi) * cbi * g.h * g.w > target.l2_bytes // 2)
 
 
+def _inside(y: int, k: int, s: int, d: int, p: int, n: int) -> list[int]:
+    """The kernel positions of output position ``y`` (kernel size ``k``, stride, dilation, padding) that reach
+    inside an input of ``n`` positions."""
+    return [t for t in range(k) if 0 <= y * s + t * d - p < n]
+
+
 def _segments(o: int, k: int, s: int, d: int, p: int, n: int, exact: bool = False) -> list[tuple[int, int, int, int]]:
     """Output positions [s0, s1) along one axis (``o`` of them, kernel size ``k``, stride, dilation, padding,
     input size ``n``) with the same kernel positions [k0, k1) reaching inside the input; one segment of the
@@ -217,7 +223,7 @@ def _segments(o: int, k: int, s: int, d: int, p: int, n: int, exact: bool = Fals
     ``exact``: always split (an input without a zero ring: a tap outside must not be read)."""
     segs: list[tuple[int, int, int, int]] = []
     for y in range(o):
-        inside = [t for t in range(k) if 0 <= y * s + t * d - p < n] or [0]
+        inside = _inside(y, k, s, d, p, n) or [0]
         kk = (inside[0], inside[-1] + 1)
         if segs and segs[-1][2:] == kk:
             segs[-1] = (segs[-1][0], y + 1, *kk)
@@ -296,7 +302,7 @@ def nchw_pieces(g: ConvGeometry, px: int) -> list[list[tuple[int, int, int, int,
     input and the edge pixels ride in long tiles, where exact column segments would make them tiles of one pixel.
     None where a chunk has no column all its pixels reach (a dilation past the plane): the exact segments then."""
     def inside(ox: int) -> tuple[int, int]:
-        cols = [j for j in range(g.kw) if 0 <= ox * g.sw + j * g.dw - g.pw < g.w]
+        cols = _inside(ox, g.kw, g.sw, g.dw, g.pw, g.w)
         return (cols[0], cols[-1] + 1) if cols else (0, 0)
 
     out = []
@@ -329,7 +335,7 @@ def reads_nchw(g: ConvGeometry, strides: Sequence[int] | None, lanes: int) -> bo
     inside (``row_segments``, exact), along a row in chunks (``nchw_pieces``), so no tap reads outside the input
     and none tests bounds."""
     def reaches(o: int, k: int, s: int, d: int, p: int, n: int) -> bool:
-        return all(any(0 <= y * s + t * d - p < n for t in range(k)) for y in range(o))
+        return all(_inside(y, k, s, d, p, n) for y in range(o))
 
     return (NCHW_INPUT and strides is not None and len(strides) == 4 and 1 < g.kh * g.kw <= NCHW_MAX_TAPS
             and g.ci <= min(lanes, NCHW_MAX_CI) and strides[3] == 1 and strides[2] >= g.w

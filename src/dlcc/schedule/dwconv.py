@@ -57,7 +57,7 @@ from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DW_PAR_MIN_OUTPUTS", "POOL_BLOCKED_MAX_W", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "dwc_rows",
-           "pack_dwc", "plan_dwc", "reads_ring"]
+           "pack_dwc", "padded_extent", "plan_dwc", "reads_ring"]
 
 PLANE_BYTES = 48 * 1024  # a block's whole output plane up to this size: one epilogue loop over it
 # pools (MaxPool, AveragePool) over planes up to this wide take the channel-blocked form; wider ones the plane
@@ -147,6 +147,12 @@ class DwcPlan:
         return 0 if self.ring is not None else self.threads * self.part_rows * self.wp * self.cbi
 
 
+def padded_extent(g: ConvGeometry) -> tuple[int, int]:
+    """(rows, columns) the taps of every output reach, from the first padded row and column: a repacked block's
+    size with its zero ring (less than the padded input where the stride leaves the last ones unread)."""
+    return (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+
+
 def reads_ring(g: ConvGeometry, strides: Sequence[int] | None, ring: Sequence[int], lanes: int) -> bool:
     """Can the channel-blocked kernel read this depthwise convolution's input where it is, without the repacked
     block? A channels-last input (``strides``, NCHW order) whose channels fill whole vectors, stored with a zero
@@ -156,8 +162,7 @@ def reads_ring(g: ConvGeometry, strides: Sequence[int] | None, ring: Sequence[in
     if strides is None or len(strides) != 4 or len(ring) != 4 or lanes < 4 or g.ci % lanes:
         return False
     top, bottom, left, right = ring
-    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
-    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    hp, wp = padded_extent(g)
     row = (g.w + left + right) * g.ci
     return (tuple(strides[1:]) == (1, row, g.ci) and strides[0] == (g.h + top + bottom) * row
             and top >= g.ph and left >= g.pw and g.h + bottom >= hp - g.ph and g.w + right >= wp - g.pw)
@@ -172,8 +177,7 @@ def plan_dwc(g: ConvGeometry, batch: int, target: Target, threads: int = 1, stri
         return None
     if reads_ring(g, strides, ring, cbi):
         return dataclasses.replace(plan_dwc(g, batch, target, threads), ring=(ring[0], ring[2]))
-    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
-    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    hp, wp = padded_extent(g)
     px = max(1, min(14, g.ow, target.vector_registers - 4))
     t = dw_threads(g, batch, threads)
     ncb = -(-g.ci // cbi)
@@ -199,16 +203,19 @@ def pack_dwc(w: np.ndarray, p: DwcPlan) -> np.ndarray:
     return np.ascontiguousarray(wz.reshape(p.ncb, p.cbi, taps).transpose(0, 2, 1)).reshape(p.ncb, taps * p.cbi)
 
 
-def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, epilogue: bool, name: str = "dwconv_blocked",
+def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf | None, epilogue: bool, name: str = "dwconv_blocked",
              fresh: Callable[[str], str] = str, pool_max: bool = False, channels_last: bool = False) -> Func:
     """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps W[ch, ky*kw + kx] * x[b, ch, oy*sh + ky*dh - ph, ox*sw +
     kx*dw - pw]`` (zero padding) following ``p`` (module docstring): ``x`` (N, C, H, W) with unit column stride,
     or channels-last (unit channel stride), ``wp`` the weight packed by ``pack_dwc``, ``c`` (N, C, OH*OW) with
-    unit pixel stride, ``ws`` the workspace (each thread's repacked block). Without ``epilogue`` the local tiles
-    are copied into ``c``. ``pool_max``: the maximum over the taps inside instead (MaxPool: the ring holds -inf;
-    ``wp`` unread). ``channels_last``: the epilogue (which must be on) gets each pixel's channels innermost, for
-    a destination whose channels are contiguous (the tiles stored pixel-major, ``dwcp_``)."""
+    unit pixel stride, ``ws`` the workspace (each thread's repacked block; None for a plan reading ``x`` in
+    place). Without ``epilogue`` the local tiles are copied into ``c``. ``pool_max``: the maximum over the taps
+    inside instead (MaxPool: the ring holds -inf; ``wp`` unread). ``channels_last``: the epilogue (which must be
+    on) gets each pixel's channels innermost, for a destination whose channels are contiguous (the tiles stored
+    pixel-major, ``dwcp_``)."""
     g, T, cbi, S = p.g, p.threads, p.cbi, p.splits
+    if ws is None and p.ring is None:
+        raise ValueError("dwc: a plan that repacks its input needs the workspace")
     t, b, cb = (Var(fresh(v)) for v in ("t", "b", "cb"))
     w = Var(fresh("w")) if S > 1 else cb
     tv: Expr = t if T > 1 else Const(0)

@@ -55,7 +55,7 @@ from dlcc.lower.lir import (
     simplify,
 )
 from dlcc.lower.micro import gemmq_micro
-from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads, dwc_rows
+from dlcc.schedule.dwconv import PLANE_BYTES, dw_threads, dwc_rows, padded_extent
 from dlcc.schedule.gemm import ConvGeometry, register_tile, tile_rows
 from dlcc.schedule.loops import PAR_MIN_FLOPS_WS, share
 from dlcc.schedule.pads import conv_pads, node_attr
@@ -178,7 +178,7 @@ def plan_pwdw(g: ConvGeometry, k: int, batch: int, target: Target, threads: int 
             t = 1
     rows = -(-g.oh // t) if by_rows else g.oh
     nbt = ncb if by_rows or t == 1 else -(-groups // t) * nv
-    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    wp = padded_extent(g)[1]
     one = 4 * nv * ((rows - 1) * g.sh + taps_h) * wp * cbi <= target.l2_bytes // 2
     if one and 4 * cbi * rows * g.ow <= PLANE_BYTES:
         return PwDwPlan(g, k, batch, cbi, px, mr, nv, rows, t, by_rows, flat)  # one band: one group's buffers

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dlcc.lower.kir import Buffer, Program, Step
 from dlcc.lower.lir import Buf, Const, For, Func, Layout, Stmt, Store, Var
-from dlcc.schedule.dwconv import plan_dwc
+from dlcc.schedule.dwconv import padded_extent
 from dlcc.schedule.layouts import _Layouts, is_channels_last
 from dlcc.schedule.pwdw import depthwise_geometry
 from dlcc.schedule.target import Target
@@ -53,11 +53,10 @@ def _dw_ring(p: Program, s: Step, target: Target, threads: int) -> tuple[int, in
     geo = depthwise_geometry(p, s.anchor)
     if geo is None:
         return None
-    g, batch = geo
-    if plan_dwc(g, batch, target, threads) is None or g.ci % target.lanes or g.ci > RING_MAX_CHANNELS:
+    g = geo[0]
+    if target.lanes < 4 or g.ci % target.lanes or g.ci > RING_MAX_CHANNELS:
         return None
-    hp = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1
-    wp = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    hp, wp = padded_extent(g)
     ring = (g.ph, max(0, hp - g.ph - g.h), g.pw, max(0, wp - g.pw - g.w))
     return ring if any(ring) else None
 
@@ -99,10 +98,12 @@ class _Rings(_Layouts):
         # (a step that reads it through a fused elementwise chain, not as a node's input, is not listed: it reads
         # element by element through the strides, as a template's inlined operand does)
         for r in self.reading_steps(fam):
-            if r.kind == "copy" or (r.kind == "template" and r.anchor is not None and r.anchor.inputs[0] in vals):
+            if r.kind == "copy":
+                return None
+            if r.kind == "template" and r.anchor is not None and r.anchor.inputs[0] in vals:
                 # (the depthwise convolutions take the ring as their padding; other steps read element by element)
-                dw = _dw_ring(self.p, r, self.target, self.threads) if r.kind == "template" else None
-                if dw is None or any(v in vals for i, v in enumerate(r.anchor.inputs) if i):
+                dw = _dw_ring(self.p, r, self.target, self.threads)
+                if dw is None or any(v in vals for v in r.anchor.inputs[1:]):
                     return None
                 ring = dw if ring is None else tuple(max(a, b) for a, b in zip(ring, dw, strict=True))
             elif r.kind == "template" and (r.anchor is None or r.producer is not None or any(

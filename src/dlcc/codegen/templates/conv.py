@@ -541,19 +541,15 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
     trivial = call.direct and bref is None
     plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring)  # (a ring: read in place)
     ws = call.workspace
-    if plan is not None and plan.ring is not None:
+    repacked = plan is not None and plan.ring is None  # (else read in place: no workspace)
+    if plan is not None and (not repacked or (ws is not None and plan.workspace_floats <= ws.size)):
         wpk = call.packed(pack_dwc(w2, plan))
         wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-        f = dwc_func(plan, x, wp, cb, x, not trivial or cl, fresh=call.names, channels_last=cl)  # (no workspace)
-        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, 0, channels_last=cl, offset=xref.offset)
-        extra = {}
-    elif plan is not None and ws is not None and plan.workspace_floats <= ws.size:
-        wpk = call.packed(pack_dwc(w2, plan))
-        wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-        wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+        wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace") if repacked else None
         f = dwc_func(plan, x, wp, cb, wsb, not trivial or cl, fresh=call.names, channels_last=cl)
-        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, ws.size, channels_last=cl)
-        extra = {wsb.name: ws.base()}
+        _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, ws.size if repacked else 0,
+                         channels_last=cl, offset=xref.offset)
+        extra = {wsb.name: ws.base()} if repacked else {}
     elif cl or xref.strides[-1] != 1:
         return None
     else:
@@ -577,7 +573,7 @@ def _verify_dwc_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, 
     x = Buf("x", "float32", Layout.strided(shape, strides, offset))
     wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
-    ws = Buf("ws", "float32", Layout.strided((max(ws_floats, 1),)), "workspace")
+    ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace") if ws_floats else None
     verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max, channels_last=channels_last))
 
 
