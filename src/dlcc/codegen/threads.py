@@ -168,8 +168,11 @@ typedef void (*dlcc_task_fn)(void *ctx, int64_t lo, int64_t hi);
 #endif
 #define DLCC_SPIN 20000
 /* A dispatch is cut into chunks; the caller and the workers take chunks from one ticket counter (the
-   dispatch's generation in the high 32 bits, the next chunk in the low 32), so a worker that is late (asleep,
-   or descheduled on a busy machine) leaves its share to the others instead of being waited for. */
+   dispatch's generation in the high 32 bits, its number of chunks in bits 16-31, the next chunk in bits 0-15),
+   so a worker that is late (asleep, or descheduled on a busy machine) leaves its share to the others instead of
+   being waited for. Whether a chunk is left is read from the ticket alone: a worker holding the last dispatch's
+   ticket, all taken, must not compare it with the next dispatch's count (then it could claim a chunk that never
+   existed, with the next task and the last context, and count it done before the next dispatch's chunks). */
 static struct {
     pthread_mutex_t owner;           /* held by the dlcc_run using the pool */
     pthread_mutex_t m;
@@ -184,21 +187,21 @@ static struct {
     dlcc_task_fn fn;
     void *ctx;
     int64_t n;
-    int chunks;
 } dlcc_pool_ = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_ONCE_INIT,
-                0, 0, 0, 0, 0, DLCC_THREADS, 0, 0, 0, 0};
+                0, 0, 0, 0, 0, DLCC_THREADS, 0, 0, 0};
 static _Thread_local int dlcc_owner_;  /* this thread's dlcc_run owns the pool */
 
 static void dlcc_work_(unsigned long gen) {
     for (;;) {
         unsigned long long v = atomic_load_explicit(&dlcc_pool_.ticket, memory_order_acquire);
-        int c;
+        int c, chunks;
         do {
-            c = (int)(v & 0xffffffffu);
-            if ((unsigned long)(v >> 32) != (gen & 0xffffffffu) || c >= dlcc_pool_.chunks) return;
+            c = (int)(v & 0xffffu);
+            chunks = (int)((v >> 16) & 0xffffu);
+            if ((unsigned long)(v >> 32) != (gen & 0xffffffffu) || c >= chunks) return;
         } while (!atomic_compare_exchange_weak_explicit(&dlcc_pool_.ticket, &v, v + 1, memory_order_acq_rel,
                                                         memory_order_acquire));
-        const int64_t n = dlcc_pool_.n, k = dlcc_pool_.chunks;
+        const int64_t n = dlcc_pool_.n, k = chunks;
         const int64_t lo = n * c / k, hi = n * (c + 1) / k;
         if (lo < hi) dlcc_pool_.fn(dlcc_pool_.ctx, lo, hi);
         atomic_fetch_add_explicit(&dlcc_pool_.done, 1, memory_order_acq_rel);
@@ -256,14 +259,15 @@ static void dlcc_pool_leave(int owned) {
 void dlcc_parallel(dlcc_task_fn fn, void *ctx, int64_t n) {
     int parts = dlcc_pool_.active < dlcc_pool_.started + 1 ? dlcc_pool_.active : dlcc_pool_.started + 1;
     if (!dlcc_owner_ || parts <= 1 || n <= 1) { fn(ctx, 0, n); return; }
-    const int64_t chunks = n < 4 * parts ? n : 4 * parts;
+    int64_t chunks = n < 4 * parts ? n : 4 * parts;
+    if (chunks > 0xffff) chunks = 0xffff;
     dlcc_pool_.fn = fn;
     dlcc_pool_.ctx = ctx;
     dlcc_pool_.n = n;
-    dlcc_pool_.chunks = (int)chunks;
     atomic_store_explicit(&dlcc_pool_.done, 0, memory_order_relaxed);
     const unsigned long gen = ++dlcc_pool_.issued;
-    atomic_store_explicit(&dlcc_pool_.ticket, (unsigned long long)(gen & 0xffffffffu) << 32, memory_order_release);
+    atomic_store_explicit(&dlcc_pool_.ticket, (unsigned long long)(gen & 0xffffffffu) << 32
+                          | (unsigned long long)chunks << 16, memory_order_release);
     pthread_mutex_lock(&dlcc_pool_.m);
     atomic_store_explicit(&dlcc_pool_.generation, gen, memory_order_release);
     pthread_cond_broadcast(&dlcc_pool_.cv);
