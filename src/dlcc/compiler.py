@@ -205,6 +205,7 @@ def _lower(b: _Build) -> None:
 
 def _schedule(b: _Build) -> None:
     from dlcc.lower.kir import verify_program
+    from dlcc.schedule.blocked import block_buffers
     from dlcc.schedule.chscale import fold_channel_scales
     from dlcc.schedule.layouts import assign_layouts
     from dlcc.schedule.pwdw import fuse_pointwise_depthwise
@@ -220,6 +221,8 @@ def _schedule(b: _Build) -> None:
     if fold_channel_scales(b.program, target, b.threads):
         verify_program(b.program)
     if add_rings(b.program, target, b.threads):
+        verify_program(b.program)
+    if block_buffers(b.program, target, b.threads):
         verify_program(b.program)
     declare_workspace(b.program, target, b.threads)
 
@@ -252,7 +255,8 @@ BACKEND: list[tuple[str, Callable[[_Build], None]]] = [
     # per target and thread count: 1x1 convolutions merged into the depthwise convolution that reads them
     # (schedule.pwdw), buffers stored channels-last where that removes a layout change (schedule.layouts),
     # per-channel scales folded into the convolution reading them (schedule.chscale), a zero ring around the
-    # buffers a depthwise convolution then reads in place (schedule.rings), then the scratch each kernel asks
+    # buffers a depthwise convolution then reads in place (schedule.rings), channel blocks with a zero ring for the
+    # inputs a Winograd or direct convolution then reads in place (schedule.blocked), then the scratch each kernel asks
     # for (packed GEMM panels), declared before memory planning so the arena holds it
     ("schedule", _schedule),
     # one arena for every temporary, checked against the size limit before codegen copies the weights

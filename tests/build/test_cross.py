@@ -105,13 +105,55 @@ def _stem_ring() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def _bottlenecks() -> onnx.ModelProto:
+    """Two ResNet bottlenecks at 32 channels (1x1 to 64, 3x3, 1x1 back, residual add): on NEON the second one's
+    3x3 input is stored by its 1x1 in blocks of 4 channels with the zero ring its kernel reads in place
+    (``schedule.blocked``)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(9)
+    inits, nodes = [], []
+
+    def conv(x, y, co, ci, k, act):
+        w = f"w{len(inits)}"
+        inits.append(onnx.numpy_helper.from_array((rng.standard_normal((co, ci, k, k)) / np.sqrt(ci * k * k))
+                                                  .astype(np.float32), w))
+        nodes.append(helper.make_node("Conv", [x, w], [y + "c" if act else y], kernel_shape=[k, k], pads=[k // 2] * 4))
+        if act:
+            nodes.append(helper.make_node("Relu", [y + "c"], [y]))
+
+    for i in range(2):
+        x = "x" if i == 0 else "o0"
+        conv(x, f"a{i}", 64, 32, 1, True)
+        conv(f"a{i}", f"b{i}", 64, 64, 3, True)
+        conv(f"b{i}", f"c{i}", 32, 64, 1, False)
+        nodes += [helper.make_node("Add", [f"c{i}", x], [f"s{i}"]),
+                  helper.make_node("Relu", [f"s{i}"], ["o0" if i == 0 else "y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 14, 14])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 14, 14])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 BUILT = {"winograd": _winograd_conv, "expand_depthwise": _expand_depthwise, "nhwc_block": _nhwc_block,
-         "stem_ring": _stem_ring}
+         "stem_ring": _stem_ring, "bottlenecks": _bottlenecks}
+
+
+def _bottlenecks_repacks() -> int:
+    """The repacking calls in the aarch64 C of ``_bottlenecks`` with the channel blocks switched off."""
+    import dlcc.schedule.blocked as blocked
+    from dlcc.compiler import build_artifacts
+
+    orig = blocked.BLOCKED
+    try:
+        blocked.BLOCKED = False
+        return build_artifacts(_bottlenecks(), target="aarch64").csource.source.count("dlcc_uk_nchwc_")
+    finally:
+        blocked.BLOCKED = orig
 
 
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 @pytest.mark.parametrize("name", ["residual_proj", "depthwise_separable", "transformer_encoder", "winograd",
-                                  "expand_depthwise", "nhwc_block", "stem_ring"])
+                                  "expand_depthwise", "nhwc_block", "stem_ring", "bottlenecks"])
 def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -> None:
     model = BUILT[name]() if name in BUILT else randomize(KIT_MODELS[name](), seed=0)
     src = tmp_path / f"{name}.onnx"
@@ -121,12 +163,14 @@ def test_aarch64_bundle_under_qemu_matches_onnxruntime(name, tmp_path, capsys) -
     assert "-march=armv8-a" in (out / "Makefile").read_text()
     kernels = "".join(p.read_text() for p in out.glob("kernels_*.c"))
     assert "vector_size(16)" in kernels
-    assert ("dlcc_uk_wgi_4_" in kernels) == (name == "winograd")
+    assert ("dlcc_uk_wgi_4_" in kernels) == (name in ("winograd", "bottlenecks"))
     assert ("dlcc_uk_gemmq" in kernels) == (name == "expand_depthwise")
     if name == "nhwc_block":
         assert "dlcc_uk_dconvp_" in kernels
     if name == "stem_ring":
         assert re.search(r"dlcc_uk_dconvp?_\w+_n870\(", kernels) and "_x16(" in kernels and "zero ring" in kernels
+    if name == "bottlenecks":  # (the second 3x3's input in blocks: one repacking fewer, its ring zeroed)
+        assert kernels.count("dlcc_uk_nchwc_") < _bottlenecks_repacks() and "zero ring" in kernels
     manifest = json.loads((out / "model.json").read_text())
     assert manifest["target"] == "aarch64"
     feeds = random_inputs(model, seed=1)

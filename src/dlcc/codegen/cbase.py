@@ -110,6 +110,8 @@ class TensorRef:
     offset: int = 0
     ring: tuple[int, ...] = ()  # a zero ring around the planes (``kir.Buffer.ring``: rows above, below, columns
     # left, right), which a reader may take as the padding
+    block: int = 0  # rank 4: channels in blocks of this many (``kir.Buffer.block``: channel c at (c / block) *
+    # strides[1] + c % block)
 
     def __post_init__(self) -> None:
         if not _IDENT.match(self.ptr):
@@ -134,12 +136,20 @@ class TensorRef:
 
     @property
     def contiguous(self) -> bool:
-        return self.strides == contiguous_strides(self.shape) or self.size <= 1
+        return not self.block and (self.strides == contiguous_strides(self.shape) or self.size <= 1)
 
     def index(self, idx: Sequence[str | int]) -> str:
-        """The C expression of the element offset of ``idx`` (one index per dim)."""
+        """The C expression of the element offset of ``idx`` (one index per dim; a channel-blocked ref also takes
+        (n, channel block, channel in it, h, w), the channel split as its blocks are stored)."""
+        if self.block and len(idx) == 5:
+            n, cb, ci, h, w = (str(i) for i in idx)
+            sn, sc, sh, sw = self.strides
+            return _lin([(n, sn), (cb, sc), (ci, 1), (h, sh), (w, sw)], self.offset)
         if len(idx) != self.rank:
             raise ValueError(f"{self.ptr}: {len(idx)} indices for rank {self.rank}")
+        if self.block:  # (any channel index: its block and its place in it)
+            c = str(idx[1])
+            return self.index([idx[0], f"({c}) / {self.block}", f"({c}) % {self.block}", idx[2], idx[3]])
         terms = [(str(i), s if d != 1 else 0) for i, s, d in zip(idx, self.strides, self.shape, strict=False)]
         return _lin(terms, self.offset)
 

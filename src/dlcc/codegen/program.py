@@ -118,7 +118,7 @@ class _KernelGen:
     def ref(self, bid: int) -> TensorRef:
         b = self.p.buffers[bid]
         root, offset, strides = self.p.window(bid)
-        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset, b.ring)
+        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset, b.ring, b.block)
 
     def kernel(self, k: Kernel) -> str:
         names = Names()
@@ -244,10 +244,13 @@ class _KernelGen:
 
         def store(idx, val):
             idx = [str(i) for i in idx]
+            at = dst.at(idx)
+            if len(idx) == 5:  # (image, channel block, channel in it, row, column) of a channel-blocked destination
+                idx = [idx[0], f"({idx[1]})*{dst.block} + ({idx[2]})", *idx[3:]]
             if end is a:
-                return f"{dst.at(idx)} = {val};"
+                return f"{at} = {val};"
             stmts, expr = parts(idx, val)
-            return "{ " + " ".join(stmts) + f" {dst.at(idx)} = {expr}; }}"
+            return "{ " + " ".join(stmts) + f" {at} = {expr}; }}"
 
         producer = None
         if step.producer is not None:  # a 1x1 Conv computed inside this step: its chain, bias first

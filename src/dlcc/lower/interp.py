@@ -119,7 +119,19 @@ def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarra
         root, offset, strides = program.window(bid)
         flat = roots[root.id]
         item = flat.itemsize
+        if b.block:  # (N, C // block, block, H, W): reshaped to (N, C, H, W) by ``load`` and ``put``
+            n, c, h, w = b.shape
+            return np.lib.stride_tricks.as_strided(flat[offset:], (n, c // b.block, b.block, h, w),
+                                                   [strides[0] * item, strides[1] * item, item, strides[2] * item,
+                                                    strides[3] * item])
         return np.lib.stride_tricks.as_strided(flat[offset:], b.shape, [s * item for s in strides])
+
+    def load(bid: int) -> np.ndarray:
+        return np.array(array(bid)).reshape(program.buffers[bid].shape)
+
+    def put(bid: int, x: np.ndarray) -> None:
+        a = array(bid)
+        a[...] = np.asarray(x).reshape(a.shape) if program.buffers[bid].block else x
 
     evaluators: dict[ir.Node, ReferenceEvaluator] = {}
 
@@ -136,7 +148,7 @@ def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarra
         if v in env:
             return env[v]
         if v in program.value_buffer and (v.producer() is None or v in written):
-            return np.array(array(program.value_buffer[v]))
+            return load(program.value_buffer[v])
         if v in program.consts:
             return program.consts[v]
         producer = v.producer()
@@ -157,7 +169,7 @@ def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarra
         for step in k.steps:
             if step.kind == "copy":
                 dst, src = step.copy
-                array(dst)[...] = np.array(array(src)).reshape(program.buffers[dst].shape)
+                put(dst, load(src).reshape(program.buffers[dst].shape))
                 continue
             if step.kind == "template":
                 for n in step.nodes:
@@ -165,10 +177,10 @@ def interpret(program: Program, memory: Placement, feeds: Mapping[str, np.ndarra
             v = step.outputs[0]
             if step.kind == "loop":
                 run_node(v.producer(), env)
-            array(program.value_buffer[v])[...] = env[v]
+            put(program.value_buffer[v], env[v])
             written.add(v)
             # values that are views of this buffer are now readable too
             for other, bid in program.value_buffer.items():
                 if program.buffers[bid].kind == "view" and program.buffers[bid].base == program.value_buffer[v]:
                     written.add(other)
-    return {name: np.array(array(bid)) for name, bid in zip(program.output_names, program.outputs, strict=True)}
+    return {name: load(bid) for name, bid in zip(program.output_names, program.outputs, strict=True)}

@@ -10,7 +10,10 @@ interpreter (``dlcc.lower.interp``) runs.
                 and Concat inputs written in place are views, so they cost no copy; a view may keep a zero
                 ring in its base around its (H, W) planes (``ring``: rows above, below, columns left, right;
                 ``schedule.rings``), which the kernel writing the view zeroes before its step and nothing
-                else writes, so a kernel reading it takes the taps outside the plane without bounds tests
+                else writes, so a kernel reading it takes the taps outside the plane without bounds tests;
+                a view may store its channels in blocks (``block``: NCHW[block]c, channel c at (c // block) *
+                strides[1] + c % block, a block's channels contiguous; ``schedule.blocked``), as the convolution
+                reading it would have repacked it
       kernels   in call order; a kernel = one fusion group = one C function, made of steps:
                   loop      one loop nest over a materialized value; its element is an inlined expression
                             of the group's elementwise/injective ops reading buffers
@@ -58,6 +61,17 @@ class Buffer:
     strides: tuple[int, ...] = ()  # element strides (contiguous when empty)
     data: np.ndarray | None = None  # weights
     ring: tuple[int, ...] = ()  # views: the zero ring around the view's planes in its base (module docstring)
+    block: int = 0  # views of rank 4: channels in blocks of this many (NCHW[block]c; module docstring), 0: plain
+
+    def address_span(self) -> int:
+        """Elements from the view's first element to its last (through its strides and channel block)."""
+        if not self.size:
+            return 0
+        if self.block:
+            n, c, h, w = self.shape
+            return ((n - 1) * self.strides[0] + (c - 1) // self.block * self.strides[1] + (self.block - 1)
+                    + (h - 1) * self.strides[2] + (w - 1) * self.strides[3])
+        return sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -65,6 +79,8 @@ class Buffer:
         self.shape = tuple(int(d) for d in self.shape)
         if not self.strides:
             self.strides = contiguous_strides(self.shape)
+        if self.block and (len(self.shape) != 4 or self.shape[1] % self.block):
+            raise PassError(f"kernel IR: buffer {self.id}: channel blocks of {self.block} in shape {self.shape}")
 
     @property
     def size(self) -> int:
@@ -76,7 +92,7 @@ class Buffer:
 
     @property
     def contiguous(self) -> bool:
-        return self.strides == contiguous_strides(self.shape) or self.size <= 1
+        return not self.block and (self.strides == contiguous_strides(self.shape) or self.size <= 1)
 
 
 @dataclass
@@ -188,7 +204,7 @@ def verify_program(p: Program) -> None:
                 raise PassError(f"kernel IR: view {b.id} of missing buffer {b.base}")
             base = p.buffers[b.base]
             if b.size:
-                last = b.offset + sum((d - 1) * s for d, s in zip(b.shape, b.strides, strict=True))
+                last = b.offset + b.address_span()
                 if b.offset < 0 or last >= base.size:
                     raise PassError(f"kernel IR: view {b.id} ({b.shape} at {b.offset}) leaves buffer {base.id}")
             if base.dtype != b.dtype:
@@ -233,7 +249,7 @@ def print_program(p: Program, memory=None) -> str:
         where = ""
         if b.kind == "view":
             where = f" = view of b{b.base} at +{b.offset} strides {list(b.strides)}" + (
-                f" zero ring {list(b.ring)}" if b.ring else "")
+                f" zero ring {list(b.ring)}" if b.ring else "") + (f" channel blocks of {b.block}" if b.block else "")
         elif b.kind == "temp" and memory is not None and b.id in memory.offsets:
             where = f" @ arena+{memory.offsets[b.id]}"
         lines.append(f"  b{b.id:<4} {b.kind:<6} {b.dtype}{list(b.shape)}{where}  # {sanitize_comment(b.name)}")

@@ -102,6 +102,8 @@ class DirectPlan:
     # whose weights stay in L1 while the tiles run along it, the later passes added (``l1_chunk``); 0: one pass
     nchw: bool = False  # the NCHW input read where it is (``reads_nchw``): tiles over the taps inside the input only
     # (per exact row segment, along a row in ``nchw_pieces``), no repacking, no workspace
+    blocked: bool = False  # the input read where it is, stored as the repacking would have stored it (NCHW[cbi]c,
+    # blocks outside images, each block's plane hp x wp with the ring: ``schedule.blocked``): no repacking
 
     @property
     def rh(self) -> int:
@@ -130,7 +132,7 @@ class DirectPlan:
     @property
     def input_floats(self) -> int:
         """The repacked input's floats (none when read in place)."""
-        return 0 if self.in_place or self.nchw else self.batch * self.ncb * self.hp * self.wp * self.cbi
+        return 0 if self.in_place or self.nchw or self.blocked else self.batch * self.ncb * self.hp * self.wp * self.cbi
 
     @property
     def ld_plane(self) -> int:
@@ -561,15 +563,22 @@ def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf
 
 
 def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "conv_direct",
-                fresh: Callable[[str], str] = str, channels_last: bool = False, scale: Buf | None = None) -> Func:
+                fresh: Callable[[str], str] = str, channels_last: bool = False, scale: Buf | None = None,
+                dest_block: int = 0) -> Func:
     """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy*sh + ky*dh - ph, ox*sw + kx*dw
     - pw]`` (zero padding): ``x`` (N, Ci, H, W) with unit column stride or channels-last, ``wp`` the weight
     packed by ``pack_direct``, ``c`` (N, Co, OH*OW), ``ws`` the workspace (the repacked input).
     ``channels_last``: the local buffer pixel-major (``dconvp_`` tiles, no transpose) and the epilogue per
     pixel along its channels, for a destination whose channels are contiguous. ``scale`` (N, Ci): the input
     multiplied by it per image and channel as it is repacked (a squeeze-and-excitation scale). A plan that reads
-    ``x`` in place (``DirectPlan.in_place``) has no repacking phase and leaves ``ws`` unused."""
+    ``x`` in place (``DirectPlan.in_place``) has no repacking phase and leaves ``ws`` unused; one that reads it in its
+    channel blocks (``DirectPlan.blocked``) takes ``x`` as its whole base, flat. ``dest_block`` (channels-last
+    only): the destination stores its channels in blocks of this many (``kir.Buffer.block``), and the epilogue's
+    index is (image, channel block, channel in it, pixel), a block's channels along one vector loop."""
     g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
+    if dest_block and (not channels_last or p.co % dest_block or p.no % dest_block):
+        raise ValueError("direct convolution: a destination in channel blocks takes channels-last tiles of whole "
+                         "blocks")
     t1, t2, b, cb, oy, oct, xt, o, q = (Var(fresh(v)) for v in ("t", "t", "b", "cb", "oy", "oct", "xt", "o", "q"))
     tv2: Expr = t2 if T > 1 else Const(0)
     block = p.hp * p.wp * cbi
@@ -577,8 +586,11 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         raise ValueError("direct convolution: an input read in place cannot be scaled on the way")
     if p.nchw and (scale is not None or p.flat or ncb != 1):
         raise ValueError("direct convolution: an NCHW input read in place is one block, unscaled, along rows")
+    if p.blocked and scale is not None:
+        raise ValueError("direct convolution: an input read in its channel blocks cannot be scaled on the way")
     phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, t1, T, cb, b, scale, (p.rh, p.rw)) \
-        if not p.in_place and not p.nchw else None
+        if not p.in_place and not p.nchw and not p.blocked else None
+    src = x if p.blocked else ws  # (where the channel blocks are: ``x`` itself, its whole base from its start)
 
     # phase 2: per output-channel tile and output row (in the plan's order), the row's register tiles into a
     # local row of outputs (or, "plane", the tile's whole output plane), then the epilogue along it (a loop
@@ -597,6 +609,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     if wide:
         band = max(1, min(-(-g.oh // T), CL_BAND_BYTES // (4 * g.ow * width)))
     ob = Var(fresh("ob"))
+    ko = Var(fresh("ko")) if dest_block else ob  # (a destination's channel block in the epilogue)
     r0, r1 = share(tv2, g.oh, T) if order == "rows" else (Const(0), Const(g.oh))
     o0, o1 = Const(0), Const(p.n_oct)  # (the channel tiles' orders: threads by parallelize, at the end)
     first = simplify(r0 + ob * band)  # the band's first row (band > 1)
@@ -655,7 +668,7 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             uk = dconv_micro(p.no, px, cbi, k1 - k0, j1 - j0, g.sw, g.dh, g.dw, p.batch * block, p.wp * cbi,
                              (g.kh - (k1 - k0)) * per_row, kwf=g.kw, accumulate=accumulate, pixel_major=cl,
                              prefetch=ahead, flat=(g.ow, g.sh * p.wp * cbi) if q0 is not None else None)
-            xin = Ptr(ws, (simplify(xoff),))
+            xin = Ptr(src, (simplify(xoff),))
         dest = Ptr(ws, (simplify(planes0 + oct * (p.no * ldc) + at),)) if sweep else Ptr(acc, where)
         args = (simplify(nblk), xin, Ptr(wp, (oct, simplify(woff))), dest, Const(ldc))
         if q0 is not None:
@@ -751,6 +764,12 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
         """The epilogue of the tile's n pixels in the local buffer (``plane``: the tile's plane in the
         workspace, "sweep"), from output pixel ``base`` (one loop: it vectorizes)."""
         nco = Const(p.no) if p.co % p.no == 0 else Bin("min", Const(p.no), Const(p.co) - oct * p.no)
+        if cl and dest_block:  # (per block of the tile's channels, one vector loop)
+            per = p.no // dest_block
+            nbk = Const(per) if p.co % p.no == 0 else Bin("min", Const(per), Const(p.co // dest_block) - oct * per)
+            return For(q, Const(0), n, (For(ko, Const(0), nbk, (For(o, Const(0), Const(dest_block), (
+                Epilogue((b, simplify(oct * per + ko), o, simplify(base + q)),
+                         Load(acc, (q, simplify(ko * dest_block + o)))),), "vectorized"),)),))
         if cl:
             return For(q, Const(0), n, (For(o, Const(0), nco, (
                 Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
@@ -771,8 +790,13 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     if wide:  # per band of rows: every channel tile's rows, then the epilogue per pixel along all channels
         last = simplify(Bin("min", r1, first + band))
         base = simplify(first * g.ow)
-        epi = For(q, Const(0), simplify((last - first) * g.ow), (For(o, Const(0), Const(p.co), (
-            Epilogue((b, o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
+        if dest_block:  # (per block of channels, one vector loop)
+            epi = For(q, Const(0), simplify((last - first) * g.ow), (For(ko, Const(0), Const(p.co // dest_block), (
+                For(o, Const(0), Const(dest_block), (Epilogue((b, ko, o, simplify(base + q)), Load(acc, (
+                    q, simplify(ko * dest_block + o)))),), "vectorized"),)),))
+        else:
+            epi = For(q, Const(0), simplify((last - first) * g.ow), (For(o, Const(0), Const(p.co), (
+                Epilogue((b, o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
         tiles_all = For(oct, Const(0), Const(p.n_oct), rows(first, last, lambda t: t))
         nest = (For(ob, Const(0), simplify((r1 - r0 + (band - 1)) // band), (Alloc(acc, (tiles_all, epi)),)),)
     elif order == "rows" and band > 1:  # per band of rows: every channel tile's rows, then its epilogue along them
@@ -799,8 +823,8 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     elif T > 1:  # the channel tiles' loop parallelized, the threads outside the images
         phase2 = reorder(parallelize((phase2,), oct.name, T, t2.name), [t2.name, b.name])[0]
     params = (x, wp, c, *((scale,) if scale is not None else ()))
-    if phase1 is None:  # read in place (or NCHW): no repacking, no workspace
+    if phase1 is None and not sweep:  # read in place (NCHW, in channel blocks): no repacking, no workspace
         return Func(name, params, (phase2,))
-    return Func(name, params, (Alloc(ws, (phase1, phase2)),), (ws,))
+    return Func(name, params, (Alloc(ws, (phase1, phase2) if phase1 is not None else (phase2,)),), (ws,))
 
 

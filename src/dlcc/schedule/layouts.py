@@ -478,15 +478,20 @@ def layout_figures(p: Program) -> dict[str, int]:
     """What ``dlcc run --profile`` and ``dlcc report`` say of the layouts: buffers stored channels-last, the
     Transpose steps the assignment removed, and the layout changes left (steps that only transpose a rank-4
     buffer between NCHW and NHWC); where some have a zero ring (``schedule.rings``), how many buffers hold one;
-    once the C is generated, how many kernels still repack their input into channel blocks on every call (their
-    loop IR calls ``nchwc_``: the layout changes left inside the convolutions)."""
+    how many are stored in channel blocks for the convolution reading them (``schedule.blocked``); once the C is
+    generated, how many kernels still repack their input into channel blocks on every call (their loop IR calls
+    ``nchwc_``: the layout changes left inside the convolutions)."""
     rules = _Layouts(p, get_target("generic"), 1)
     left = sum(1 for k in p.kernels for s in k.steps if rules.transpose_step(s) is not None)
-    cl = sum(1 for b in p.buffers.values() if b.shape[1:2] != (1,) and (is_channels_last(b) or b.ring))
+    cl = sum(1 for b in p.buffers.values() if b.shape[1:2] != (1,) and not b.block
+             and (is_channels_last(b) or b.ring))
     out = {"channels_last_buffers": cl, "transposes_removed": p.transposes_removed, "transposes_left": left}
-    rings = len({p.root(b.id).id for b in p.buffers.values() if b.ring})
+    rings = len({p.root(b.id).id for b in p.buffers.values() if b.ring and not b.block})
     if rings:
         out["zero_rings"] = rings
+    blocked = sum(1 for b in p.buffers.values() if b.block)
+    if blocked:
+        out["blocked_buffers"] = blocked
     repacks = sum(1 for k in p.kernels if any("nchwc_" in s.loop_ir for s in k.steps))
     if repacks:
         out["repacking_kernels"] = repacks
@@ -498,10 +503,12 @@ def describe_layouts(fig: dict | None) -> str:
     if not fig or not any(fig.values()):
         return ""
     n, r, left = fig["channels_last_buffers"], fig["transposes_removed"], fig["transposes_left"]
-    z, k = fig.get("zero_rings", 0), fig.get("repacking_kernels", 0)
+    z, k, bl = fig.get("zero_rings", 0), fig.get("repacking_kernels", 0), fig.get("blocked_buffers", 0)
     return (f"{n} buffer{'s' * (n != 1)} stored channels-last, {r} NCHW <-> NHWC Transpose"
             f"{'s' * (r != 1)} removed, {left} left"
             + (f", {z} with a zero ring read in place by depthwise convolutions" if z else "")
+            + (f"; {bl} stored in channel blocks (NCHWc) with a zero ring, read in place by Winograd or direct "
+               "convolutions" if bl else "")
             + (f"; {k} kernel{'s' * (k != 1)} repack{'s' * (k == 1)} {'its' if k == 1 else 'their'} input into "
                "channel blocks on every call" if k else ""))
 

@@ -144,11 +144,22 @@ def add_rings(p: Program, target: Target, threads: int) -> int:
 
 
 def ring_func(view: Buffer, name: str, fresh=str) -> Func:
-    """The loop IR zeroing the ring of ``view`` (an (N, C, H, W) view with ``ring``, channels-last, in its base):
-    per image, the rows above and the first row's left columns, then between each row's right columns and the next
+    """The loop IR zeroing the ring of ``view`` (an (N, C, H, W) view with ``ring``, channels-last in its base, or
+    in channel blocks (``Buffer.block``) whose planes follow one another, each block's plane channels-last): per
+    plane, the rows above and the first row's left columns, then between each row's right columns and the next
     row's left ones, then the last row's right columns and the rows below, each one contiguous run."""
     n, c, h, w = view.shape
     top, bottom, left, right = view.ring
+    if view.block:  # (each image's blocks: planes of ``block`` channels, all of them one after the other)
+        nb = c // view.block
+        c = view.block
+        wr = w + left + right
+        plane = (h + top + bottom) * wr * c
+        if view.strides[2:] != (wr * c, c) or view.strides[:2] not in ((plane, n * plane), (nb * plane, plane)):
+            raise ValueError("ring: the view's channel blocks are not planes one after the other in its base")
+        view = Buffer(view.id, view.kind, view.dtype, (n * nb, c, h, w), strides=(plane, 1, wr * c, c),
+                      ring=view.ring)
+        n = n * nb
     wr = w + left + right
     plane = (h + top + bottom) * wr * c
     if view.dtype != "float32" or view.strides != (plane, 1, wr * c, c):

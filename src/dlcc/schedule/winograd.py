@@ -76,6 +76,8 @@ class WinoPlan:
     threads: int
     split: str = "blocks"  # what the threads divide: "blocks" of tiles, or "channels" (the column micro-panels of
     # U and their output channels; every thread transforms every block's input into its own V)
+    blocked: bool = False  # the input read where it is, stored as the repacking would have stored it (NCHW[cbi]c,
+    # blocks outside images, each block's plane hp x wp with the zero ring: ``schedule.blocked``): no repacking
 
     @property
     def th(self) -> int:
@@ -119,7 +121,7 @@ class WinoPlan:
 
     @property
     def input_floats(self) -> int:
-        return self.batch * self.ncb * self.hp * self.wp * self.cbi
+        return 0 if self.blocked else self.batch * self.ncb * self.hp * self.wp * self.cbi
 
     @property
     def ldv(self) -> int:
@@ -262,18 +264,24 @@ def pack_winograd(w: np.ndarray, p: WinoPlan) -> np.ndarray:
 
 
 def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_winograd",
-              fresh: Callable[[str], str] = str, channels_last: bool = False) -> Func:
+              fresh: Callable[[str], str] = str, channels_last: bool = False, dest_block: int = 0) -> Func:
     """The loop IR of ``c[b, o, oy*OW + ox] = sum W[o, i, ky, kx] * x[b, i, oy + ky - ph, ox + kx - pw]`` (zero
     padding) following ``p`` (module docstring): ``x`` (N, Ci, H, W) with unit column stride or channels-last,
     ``up`` the weight packed by ``pack_winograd``, ``c`` (N, Co, OH*OW) with unit pixel stride, ``ws`` the
     workspace (the repacked input, then each thread's V and M). ``channels_last``: ``c``'s channels are
     contiguous instead; the output transform keeps each pixel's channels together (``wgop_``) and the epilogue
-    runs along them."""
+    runs along them. A plan that reads ``x`` in its channel blocks (``WinoPlan.blocked``) takes ``x`` as its whole
+    base, flat. ``dest_block`` (channels-last, blocks of ``cbi``): the destination stores its channels in blocks
+    (``kir.Buffer.block``), and the epilogue's index is (image, channel block, channel in it, pixel)."""
     g, T, cbi, mr, nr = p.g, p.threads, p.cbi, p.mr, p.nr
+    if dest_block and (not channels_last or dest_block != cbi):
+        raise ValueError("Winograd convolution: a destination in channel blocks takes channels-last tiles of its "
+                         "blocks")
     t1, t2, b, cb, blk, cbx, ty, tx, xi, jp, rp, kb, o, yy, q = (
         Var(fresh(v)) for v in ("t", "t", "b", "cb", "blk", "cbx", "ty", "tx", "xi", "jp", "rp", "kb", "o", "yy", "q"))
     tv2: Expr = t2 if T > 1 else Const(0)
-    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, t1, T, cb, b)
+    phase1 = repack_phase(g, cbi, p.batch, p.hp, p.wp, x, ws, t1, T, cb, b) if not p.blocked else None
+    src = x if p.blocked else ws  # (where the channel blocks are: ``x`` itself, its whole base from its start)
 
     pb, cp, kp, tw = p.pb, p.cp, p.kp, p.tw
     ldv, ldm = p.ldv, p.ldm
@@ -285,7 +293,7 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     xoff = simplify((cbx * p.batch + b) * block + (ty0 + ty) * (4 * p.wp * cbi) + tx * (4 * cbi))
     voff = simplify(vbase + (ty * tw + tx) * cp + cbx * cbi)
     transform_in = For(cbx, Const(0), Const(p.ncb), (For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (
-        Micro(wgi_micro(cbi, p.wp * cbi, ldv), (Ptr(ws, (xoff,)), Ptr(ws, (voff,)))),)),)),))
+        Micro(wgi_micro(cbi, p.wp * cbi, ldv), (Ptr(src, (xoff,)), Ptr(ws, (voff,)))),)),)),))
 
     # per position: V's rows (tiles) x U's column micro-panels
     def gemm(r0: Expr, rows: int) -> Stmt:
@@ -327,7 +335,8 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
         nx = Bin("min", Const(4), Const(g.ow) - tx * 4) if g.ow % 4 else Const(4)
         pix = simplify((ty0 * 4 + ty * 4 + yy) * g.ow + tx * 4 + q)
         epi_t = For(yy, Const(0), simplify(ny), (For(q, Const(0), nx, (For(o, Const(0), nch, (
-            Epilogue((b, simplify(kb * cbi + o), pix), Load(tile, (simplify(yy * 4 + q), o))),), "vectorized"),)),))
+            Epilogue((b, kb, o, pix) if dest_block else (b, simplify(kb * cbi + o), pix),
+                     Load(tile, (simplify(yy * 4 + q), o))),), "vectorized"),)),))
         outputs: Stmt = For(ty, Const(0), Const(p.tr), (For(tx, Const(0), Const(tw), (For(kb, kb0, kb1, (
             Alloc(tile, (Micro(wgo_micro(cbi, ldm, 4, True), (Ptr(ws, (moff,)), Ptr(tile, (Const(0), Const(0))),
                                                              Const(cbi))), epi_t)),)),)),))
@@ -353,4 +362,4 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     phase2: Stmt = For(b, Const(0), Const(p.batch), (For(blk, b0, b1, (transform_in, products, outputs)),))
     if T > 1:  # (each thread its blocks or its channels, in its own V and M: the thread index addresses them)
         phase2 = For(t2, Const(0), Const(T), (phase2,), "parallel")
-    return Func(name, (x, up, c), (Alloc(ws, (phase1, phase2)),), (ws,))
+    return Func(name, (x, up, c), (Alloc(ws, (phase1, phase2) if phase1 is not None else (phase2,)),), (ws,))

@@ -23,7 +23,15 @@ from dlcc.lower.kir import Buffer, Program
 from dlcc.ops.attention import attention_attrs, attention_dims
 from dlcc.schedule.attention import attention_plan
 from dlcc.schedule.convrows import conv_rows_plan
-from dlcc.schedule.direct import direct_pays, flat_pointwise, plan_direct, reads_in_place, reads_nchw, trim_taps
+from dlcc.schedule.direct import (
+    DirectPlan,
+    direct_pays,
+    flat_pointwise,
+    plan_direct,
+    reads_in_place,
+    reads_nchw,
+    trim_taps,
+)
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, plan_dwc
 from dlcc.schedule.gemm import (
     POINTWISE_ROWS_MAX_OW,
@@ -40,9 +48,9 @@ from dlcc.schedule.gemm import (
 from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.pwdw import fused_plan
 from dlcc.schedule.target import Target
-from dlcc.schedule.winograd import plan_winograd, use_winograd
+from dlcc.schedule.winograd import WinoPlan, plan_winograd, use_winograd
 
-__all__ = ["blocked_conv_form", "declare_workspace", "gemm_channels_last_form", "node_workspace_bytes"]
+__all__ = ["blocked_conv_form", "declare_workspace", "gemm_channels_last_form", "node_workspace_bytes", "reader_plan"]
 
 
 def _shape(v: ir.Value) -> tuple[int, ...]:
@@ -223,12 +231,29 @@ def _direct_in_place(node: ir.Node, is_const: Callable[[ir.Value], bool], target
                                                          or reads_nchw(form[1], strides, target.lanes))
 
 
+def reader_plan(node: ir.Node, form: tuple[str, ConvGeometry], target: Target, threads: int) -> DirectPlan | WinoPlan:
+    """The plan of the Winograd or direct kernel (``form``: ``blocked_conv_form``'s) of a 2-D convolution with a
+    weight whose input is stored in the channel blocks it reads (``schedule.blocked``): the plan of the repacking
+    kernel, reading them in place."""
+    co, batch = _shape(node.inputs[1])[0], _shape(node.inputs[0])[0]
+    if form[0] == "winograd":
+        return dataclasses.replace(plan_winograd(co, form[1], batch, target, threads), blocked=True)
+    return dataclasses.replace(plan_direct(co, form[1], batch, target, threads), blocked=True)
+
+
 def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], target: Target, threads: int,
                          strides: tuple[int, ...] | None = None, channels_last: bool = False,
-                         ring: tuple[int, ...] = ()) -> int:
+                         ring: tuple[int, ...] = (), blocked: bool = False) -> int:
     """Scratch bytes the template of ``node`` asks for (``is_const``: is this input a weight? ``strides``: its
     first input's, where known: a direct convolution reading it in place asks for none, nor does a depthwise one
-    reading it within its zero ``ring``; ``channels_last``: its output is stored so, ``schedule.layouts``)."""
+    reading it within its zero ``ring``; ``channels_last``: its output is stored so, ``schedule.layouts``;
+    ``blocked``: its input is stored in the channel blocks its Winograd or direct kernel reads, ``schedule.blocked``,
+    which then repacks nothing)."""
+    if blocked:
+        form = blocked_conv_form(node, is_const, target, threads)
+        if form is None:
+            raise TemplateError(f"{node.op_type}: internal: an input in channel blocks that no blocked kernel reads")
+        return reader_plan(node, form, target, threads).workspace_bytes
     if node.op_type == "Attention" and node.domain == "dlcc":
         return _attention_bytes(node, target, threads)
     if node.op_type in ("MaxPool", "AveragePool") and node.inputs and node.inputs[0] is not None:
@@ -281,8 +306,10 @@ def declare_workspace(p: Program, target: Target, threads: int) -> None:
             x = step.anchor.inputs[0] if step.anchor.inputs else None
             strides = p.window(p.value_buffer[x])[2] if x in p.value_buffer and step.input_scale is None else None
             ring = p.buffers[p.value_buffer[x]].ring if strides is not None else ()
+            blocked = strides is not None and p.buffers[p.value_buffer[x]].block > 0
             nbytes = 4 * fused.workspace_floats if fused is not None else \
-                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides, step.channels_last, ring)
+                node_workspace_bytes(step.anchor, p.is_constant, target, threads, strides, step.channels_last, ring,
+                                     blocked)
             if nbytes and step.input_scale is not None:  # the folded per-channel scale (``chscale``), after the
                 n, c = (int(d) for d in step.input_scale.outputs[0].shape[:2])  # repacking: one per image, channel
                 nbytes += 4 * n * c

@@ -142,8 +142,9 @@ def conv(call: TemplateCall) -> str:
             raise TemplateError(f"Conv: output shape {call.out_shape} inconsistent with the attributes")
     pointwise = all(k == 1 for k in ks) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
     # the kernels that repack their input (nchwc_) read it with unit column stride or channels-last
-    repacks = xref.strides[-1] == 1 or xref.pixel_major
-    if not call.scratch.contiguous and not call.scratch.pixel_major:
+    # (or hold it in the channel blocks the repacking would have made: ``schedule.blocked``)
+    repacks = xref.strides[-1] == 1 or xref.pixel_major or xref.block > 0
+    if not call.scratch.contiguous and not call.scratch.pixel_major and not call.scratch.block:
         raise TemplateError("Conv: internal: a strided destination that is not channels-last")
     g = ConvGeometry(C, ins[0], ins[1], outs[0], outs[1], ks[0], ks[1], strides[0], strides[1], dils[0], dils[1],
                      pb[0], pb[1]) if r == 2 else None
@@ -151,7 +152,7 @@ def conv(call: TemplateCall) -> str:
     in_place = (r == 2 and group == 1 and repacks and call.input_scale is None and direct_pays(g, M, call.target)
                 and (reads_in_place(g, xref.strides, call.target.lanes)
                      or reads_nchw(trim_taps(g)[0], xref.strides, call.target.lanes)))
-    has_ws = call.workspace is not None or in_place
+    has_ws = call.workspace is not None or in_place or xref.block > 0
     w4 = np.asarray(w.const, dtype=np.float32) if w.const is not None else None
     if (r == 2 and group == C == M and C > 1 and w4 is not None and call.pack is not None and repacks):
         dw = _depthwise(call, xref, w4.reshape(C, -1), bref, g)
@@ -162,6 +163,13 @@ def conv(call: TemplateCall) -> str:
     winograd_ok = (r == 2 and group == 1 and w.const is not None and call.workspace is not None and repacks
                    and call.input_scale is None and trim_taps(g)[0] == g
                    and use_winograd(g, M, N, call.target, call.threads))
+    if xref.block:  # an input in the channel blocks its Winograd or direct kernel reads (``schedule.blocked``)
+        blocked = _winograd(call, xref, w4, bref, g) if winograd_ok else None
+        if blocked is None and direct_ok:
+            blocked = _blocked_direct(call, xref, w4, bref, g)
+        if blocked is None:
+            raise TemplateError("Conv: internal: an input in channel blocks that this convolution cannot read")
+        return blocked
     if not call.scratch.contiguous or call.input_scale is not None:
         # the kernels the schedule stage chose: a channels-last destination (``schedule.layouts``; the depthwise
         # kernel above, the Winograd or the direct one, or a 1x1 as the pixels-by-channels GEMM) or a per-channel
@@ -371,7 +379,9 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
         g = flat
         xref = dataclasses.replace(xref, shape=(n, c, g.h, g.w), strides=(*xref.strides[:2], g.w * step, step))
     plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads,
-                       xref.strides if call.input_scale is None else None)
+                       xref.strides if call.input_scale is None and not xref.block else None)
+    if xref.block:
+        plan = dataclasses.replace(plan, blocked=True)
     return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func, outs)
 
 
@@ -380,6 +390,8 @@ def _winograd(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: TensorR
     """A 3x3 stride-1 convolution as Winograd F(4x4, 3x3) (``schedule.winograd``): the weight transformed and
     packed at compile time; bias in the epilogue."""
     plan = plan_winograd(w4.shape[0], g, xref.shape[0], call.target, call.threads)
+    if xref.block:
+        plan = dataclasses.replace(plan, blocked=True)
     return _planned_conv(call, xref, bref, g, plan, lambda: pack_winograd(w4, plan), wino_func)
 
 
@@ -396,12 +408,15 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     names = call.names
     wpk = call.packed(pack())
     wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
+    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset)) if not plan.blocked else \
+        Buf(xref.ptr, "float32", Layout.strided((_blocked_base(xref, plan),)))
     cl = not c.contiguous  # a channels-last destination (the caller checked): the direct kernel's pixel-major form
     cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None if not cl else (
         c.strides[0], 1, plan.co), c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size if ws is not None else 1,)), "workspace")
     kw: dict = {"channels_last": True} if cl else {}
+    if c.block:  # (a destination in channel blocks: ``schedule.blocked``)
+        kw["dest_block"] = c.block
     ptrs, pre = ({wsb.name: ws.base()} if ws is not None else {}), ""
     if sc is not None:  # the factors first, after the repacking's floats; the repacking multiplies by them
         scb = Buf(names("sc"), "float32", Layout.strided((sc.batch, sc.channels)))
@@ -414,7 +429,7 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
         kw["scale"] = scb
     f = func(plan, x, wp, cb, wsb, fresh=names, **kw)
     _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size if ws is not None else 1, cl,
-                         sc is not None)
+                         sc is not None, c.block)
     outs = list(outs or (g.oh, g.ow))  # (the output's rows and columns: ``g``'s, or those of its plane as one row)
 
     def store(idx, v):
@@ -426,13 +441,16 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
 @functools.lru_cache(maxsize=256)
 def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan, shape: tuple[int, ...],
                          strides: tuple[int, ...], packed: tuple[int, ...], ws_floats: int,
-                         channels_last: bool = False, scaled: bool = False) -> None:
+                         channels_last: bool = False, scaled: bool = False, dest_block: int = 0) -> None:
     """verify_func on ``func``'s loop IR of ``plan`` (the same for every convolution with these shapes)."""
-    x = Buf("x", "float32", Layout.strided(shape, strides))
+    x = Buf("x", "float32", Layout.strided(shape, strides)) if not plan.blocked else \
+        Buf("x", "float32", Layout.strided((plan.batch * plan.ncb * plan.hp * plan.wp * plan.cbi,)))
     wp = Buf("w", "float32", Layout.strided(packed))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     kw: dict = {"channels_last": True} if channels_last else {}
+    if dest_block:
+        kw["dest_block"] = dest_block
     if scaled:
         kw["scale"] = Buf("sc", "float32", Layout.strided(shape[:2]))
     verify_func(func(plan, x, wp, c, ws, **kw))
@@ -498,6 +516,19 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
         return _pixel_store(call, bref, outs, idx, v)
 
     return call.emit(f, store, {wsb.name: ws.base()})
+
+
+def _blocked_base(xref: TensorRef, plan: DirectPlan | WinoPlan) -> int:
+    """The floats of the base of input ``xref``, held in the channel blocks ``plan`` reads (``schedule.blocked``): as
+    the repacking would have stored them, blocks outside images, each block's plane ``hp`` x ``wp`` with the zero
+    ring, the input at row ``rh`` and column ``rw`` of it; raises TemplateError where it is not so."""
+    rh, rw = (plan.rh, plan.rw) if isinstance(plan, DirectPlan) else (plan.g.ph, plan.g.pw)
+    plane = plan.hp * plan.wp * plan.cbi
+    expect = (plane, plan.batch * plane, plan.wp * plan.cbi, plan.cbi)
+    if xref.block != plan.cbi or xref.strides != expect or xref.offset != (rh * plan.wp + rw) * plan.cbi:
+        raise TemplateError(f"Conv: internal: an input in channel blocks of {xref.block} (strides {xref.strides}, "
+                            f"at {xref.offset}) that the plan does not read")
+    return plan.batch * plan.ncb * plane
 
 
 def _pixels_dest(c: TensorRef, n: int, ch: int, pixels: int) -> Buf:
@@ -590,10 +621,15 @@ def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], id
     """The epilogue of element (image, channel, flat pixel) of a GEMM-form convolution: bias, then ``store``
     at the pixel's (h, w). An address h*W + w of a contiguous operand is the flat index again, which C
     compilers do not see (and then do not vectorize the epilogue): it is folded back."""
-    n, co, p = idx
+    if len(idx) == 4:  # (image, channel block, channel in it, pixel) of a destination in channel blocks
+        n, kb, ci, p = idx
+        co, head = f"({kb})*{call.scratch.block} + ({ci})", [n, kb, ci]
+    else:
+        n, co, p = idx
+        head = [n, co]
     val = f"{v} + {bref.at([co])}" if bref is not None else v
     name = p if re.fullmatch(r"\w+", p) else call.names("px")
-    text = _FLAT_AGAIN.sub(_flat_again, call.store([n, co, *_unflat(name, outs)], val))
+    text = _FLAT_AGAIN.sub(_flat_again, call.store([*head, *_unflat(name, outs)], val))
     return text if name == p else f"{{ const int64_t {name} = {p}; {text} }}"
 
 
