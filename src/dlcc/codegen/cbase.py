@@ -81,6 +81,14 @@ def c_literal(x, dtype: str | np.dtype) -> str:
 
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]*\Z")
+_SPLIT = re.compile(r"\((.+)\)\*(\d+) \+ \((\w+)\)")
+
+
+def split_channel(block: str, lane: str, size: int) -> str:
+    """The C text of channel ``block * size + lane`` (``lane`` a loop variable below ``size``) as kernels that store
+    whole channel blocks write it: a ``TensorRef`` in blocks of ``size`` reads it back as (block, lane), no division
+    (so no other channel index may take this form with a lane of ``size`` or more)."""
+    return f"({block})*{size} + ({lane})"
 
 
 def _lin(terms: Sequence[tuple[str, int]], const: int) -> str:
@@ -147,8 +155,11 @@ class TensorRef:
             return _lin([(n, sn), (cb, sc), (ci, 1), (h, sh), (w, sw)], self.offset)
         if len(idx) != self.rank:
             raise ValueError(f"{self.ptr}: {len(idx)} indices for rank {self.rank}")
-        if self.block:  # (any channel index: its block and its place in it)
-            c = str(idx[1])
+        if self.block:  # (any channel index: its block and its place in it; split as written where it is
+            c = str(idx[1])  # ``split_channel``'s, a block of this size)
+            m = _SPLIT.fullmatch(c)
+            if m is not None and int(m.group(2)) == self.block:
+                return self.index([idx[0], m.group(1), m.group(3), idx[2], idx[3]])
             return self.index([idx[0], f"({c}) / {self.block}", f"({c}) % {self.block}", idx[2], idx[3]])
         terms = [(str(i), s if d != 1 else 0) for i, s, d in zip(idx, self.strides, self.shape, strict=False)]
         return _lin(terms, self.offset)

@@ -41,6 +41,7 @@ from dlcc.codegen.cbase import (
     contiguous_strides,
     ctype,
     indent,
+    split_channel,
     vector_helpers,
 )
 from dlcc.codegen.cbase import sanitize_comment as _c
@@ -246,7 +247,7 @@ class _KernelGen:
             idx = [str(i) for i in idx]
             at = dst.at(idx)
             if len(idx) == 5:  # (image, channel block, channel in it, row, column) of a channel-blocked destination
-                idx = [idx[0], f"({idx[1]})*{dst.block} + ({idx[2]})", *idx[3:]]
+                idx = [idx[0], split_channel(idx[1], idx[2], dst.block), *idx[3:]]
             if end is a:
                 return f"{at} = {val};"
             stmts, expr = parts(idx, val)
@@ -272,9 +273,12 @@ class _KernelGen:
             operands[0] = Operand.of(gen.buffers[xv])
             scale = InputScale(self._gate(gv, gen), *value_shape(xv)[:2])
         ws = self.ref(step.workspace) if step.workspace is not None else None
+        # the epilogue per block of channels where its destination or another tensor it reads is stored in blocks
+        blocks = {gen.buffers[v].block for n in step.nodes if n is not node for v in n.inputs
+                  if v is not None and v in gen.buffers} | {dst.block}
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
                             lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro,
-                            producer=producer, input_scale=scale)
+                            producer=producer, input_scale=scale, epilogue_block=max(blocks))
         code = TEMPLATES[op_key(node)](call)
         step.loop_ir = "\n".join(call.loop_ir)
         return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(code)}\n}}"

@@ -1,11 +1,11 @@
-"""Channel-blocked buffers of the schedule stage: NCHW[c]c tensors with a zero ring, which the convolution reading
-them takes as they are instead of repacking them.
+"""Channel-blocked buffers of the schedule stage: NCHW[c]c tensors, with a zero ring where their reader pads, which
+the convolutions reading them take as they are instead of repacking them.
 
 What goes in: a kernel-IR ``Program`` after layout assignment, the channel-scale fold and the depthwise rings
 (``schedule.rings``), before workspace and memory planning; the ``Target`` and the thread count. What comes out:
 the same program where some channels-last buffers are views that store their channels in blocks of the target's
 vector width (``kir.Buffer.block``) inside a larger buffer that also holds a zero ring around each block's plane
-(``kir.Buffer.ring``). ``block_buffers`` returns how many.
+(``kir.Buffer.ring``) where the readers need one. ``block_buffers`` returns how many.
 
 The Winograd and the blocked direct convolutions (``schedule.winograd``, ``schedule.direct``) repack their input on
 every call into channel blocks of one vector: per block, its plane with a zero ring as wide as the padding (and
@@ -14,19 +14,26 @@ writing that input can store it so itself, the copy goes: the writer's epilogue 
 channels as one vector where the repacking would have put it, the writer's kernel zeroes the ring before its step
 (``rings.ring_func``: each block's plane is a channels-last plane of one vector of channels), and the reader's plan
 reads the blocks where they are (``DirectPlan.blocked``, ``WinoPlan.blocked``: no repacking phase, and the
-workspace without the repacked input). In ResNet-50 that is the input of every 3x3 convolution but the first
-(written by a 1x1 GEMM in NCHW): its bottleneck's middle tensor, 64 to 512 channels.
+workspace without the repacked input). A 1x1 convolution reads blocks with no ring: from blocks a pixel's channels
+are 64 bytes apart where channels-last they were all the channels apart (ResNet-50's 1024 and 2048 channels put a
+register tile's pixels in one L1 set, so it repacked them). A convolution's epilogue reading such a buffer (the
+residual add of a bottleneck) runs per block of channels, the channel written as (block, channel in it)
+(``cbase.split_channel``), so that the address needs no division. In ResNet-50 every buffer between two
+convolutions from the second stage on is stored so but the inputs of the strided 1x1 projections (whose plans
+skip the last row: the blocks would not hold it) and the last sum (which the average pool reads): 22 of its 31
+repacking kernels gone.
 
 A buffer is stored so where all of these hold:
 - it is a channels-last float32 temp (``schedule.layouts``), not a graph output, that nothing views, whose
   channels are a whole number of vectors;
 - one kernel step writes it: a convolution's blocked direct kernel (whose channel tiles are whole vectors) or
   its Winograd kernel (whose output transform runs per block of one vector), storing channels-last;
-- one step reads it, as the input (and only the input) of a convolution with a kernel larger than 1x1 that runs
-  as the Winograd or the blocked direct kernel, with no fused producer and no folded input scale, whose plan keeps
-  all of the input's rows and columns (a ring of at least zero on every side).
-The ring and the planes' extent are the reader's plan's (``workspace.reader_plan``), which the conv template
-checks again when it prints the reader.
+- every step reading it is a convolution that runs as the Winograd or the blocked direct kernel and reads it
+  as its input only (no fused producer, no folded input scale), whose plan keeps all of the input's rows and
+  columns (a ring of at least zero on every side), all these with the same ring; or a convolution storing
+  channels-last whose epilogue reads it (``BLOCKED_RESIDUALS``); at least one of the first kind.
+The ring and the planes' extent are the input readers' plan's (``workspace.reader_plan``), which the conv template
+checks again when it prints each reader.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from dlcc.schedule.workspace import blocked_conv_form, reader_plan
 __all__ = ["BLOCKED", "block_buffers"]
 
 BLOCKED = True  # switch: convolutions read an input that their input's writer stored in their channel blocks
+BLOCKED_RESIDUALS = True  # ... also where a convolution's epilogue reads it (a residual add), per block of channels
 
 
 class _Blocked(_Layouts):
@@ -54,29 +62,48 @@ class _Blocked(_Layouts):
             return None
         return w
 
-    def reader(self, bid: int) -> tuple[Step, tuple[int, int, int, int]] | None:
-        """The one step reading buffer ``bid`` and the ring its plan reads, if it is a convolution whose Winograd or
-        direct kernel reads it as its repacked input (module docstring)."""
-        steps = self.reading_steps([bid])
-        if len(steps) != 1:
-            return None
-        r = steps[0]
-        x = r.anchor.inputs[0] if r.kind == "template" and r.anchor is not None else None
-        if (x is None or self.p.value_buffer.get(x) != bid or r.producer is not None or r.input_scale is not None
-                or any(v is x for v in r.anchor.inputs[1:])
-                or any(x in n.inputs for n in r.nodes if n is not r.anchor)):
-            return None
+    def input_ring(self, r: Step, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+        """The zero ring (above, below, left, right) around each block's plane that step ``r``'s convolution reads
+        its input (of ``shape``) within, if its Winograd or blocked direct kernel would repack that input into
+        blocks of one vector (the plan's extent holding every row and column of it), else None."""
         form = blocked_conv_form(r.anchor, self.p.is_constant, self.target, self.threads) \
             if self.conv_form(r.anchor) is not None else None
-        if form is None or form[1].kh * form[1].kw == 1:
+        if form is None:
             return None
         plan = reader_plan(r.anchor, form, self.target, self.threads)
-        g = plan.g
-        rh, rw = (plan.rh, plan.rw) if form[0] == "direct" else (g.ph, g.pw)
-        ring = (rh, plan.hp - g.h - rh, rw, plan.wp - g.w - rw)
-        if plan.cbi != self.target.lanes or min(ring) < 0:
+        if plan.cbi != self.target.lanes:
             return None
-        return r, ring
+        g, (h, w) = plan.g, shape[2:]
+        if (g.h, g.w) != (h, w):  # (a 1x1 convolution's plane as one row: blocks with no ring)
+            return (0, 0, 0, 0) if g.kh * g.kw == 1 and plan.hp * plan.wp == h * w else None
+        rh, rw = (plan.rh, plan.rw) if form[0] == "direct" else (g.ph, g.pw)
+        ring = (rh, plan.hp - h - rh, rw, plan.wp - w - rw)
+        return ring if min(ring) >= 0 else None
+
+    def readers_ring(self, bid: int) -> tuple[int, int, int, int] | None:
+        """The ring buffer ``bid`` gets where every step reading it takes it in channel blocks: convolutions reading
+        it as their input (module docstring), all within the same ring, and convolutions storing channels-last whose
+        epilogue reads it (a residual add: then per block of channels); None where another step reads it, or none
+        reads it as its input."""
+        vals = self.values_of([bid])
+        ring = None
+        for r in self.reading_steps([bid]):
+            if r.kind != "template" or r.anchor is None or r.producer is not None:
+                return None
+            x = r.anchor.inputs[0]
+            others = [v for n in r.nodes for v in n.inputs if v in vals and not (n is r.anchor and v is x)]
+            if x in vals:
+                if r.input_scale is not None or others:
+                    return None
+                mine = self.input_ring(r, self.p.buffers[bid].shape)
+                if mine is None or (ring is not None and mine != ring):
+                    return None
+                ring = mine
+            elif not (BLOCKED_RESIDUALS and r.channels_last and r.scratch is None
+                      and self.conv_form(r.anchor) is not None
+                      and int(r.anchor.outputs[0].shape[1]) % self.target.lanes == 0):
+                return None
+        return ring
 
     def candidate(self, bid: int) -> tuple[tuple[int, int, int, int], int] | None:
         """The ring and the batch of buffer ``bid`` where it can be stored in channel blocks (module docstring)."""
@@ -87,8 +114,8 @@ class _Blocked(_Layouts):
             return None
         if self.writer(bid) is None:
             return None
-        found = self.reader(bid)
-        return (found[1], b.shape[0]) if found is not None else None
+        ring = self.readers_ring(bid)
+        return (ring, b.shape[0]) if ring is not None else None
 
     def give(self, bid: int, ring: tuple[int, int, int, int]) -> None:
         """Buffer ``bid`` becomes a view in channel blocks of a new temp holding its blocks' planes with ``ring``."""

@@ -573,8 +573,9 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     multiplied by it per image and channel as it is repacked (a squeeze-and-excitation scale). A plan that reads
     ``x`` in place (``DirectPlan.in_place``) has no repacking phase and leaves ``ws`` unused; one that reads it in its
     channel blocks (``DirectPlan.blocked``) takes ``x`` as its whole base, flat. ``dest_block`` (channels-last
-    only): the destination stores its channels in blocks of this many (``kir.Buffer.block``), and the epilogue's
-    index is (image, channel block, channel in it, pixel), a block's channels along one vector loop."""
+    only): the epilogue per block of this many channels (the destination, or a tensor the epilogue reads, stores
+    its channels in such blocks: ``kir.Buffer.block``), its index (image, channel block, channel in it, pixel), a
+    block's channels along one vector loop."""
     g, T, cbi, ncb = p.g, p.threads, p.cbi, p.ncb
     if dest_block and (not channels_last or p.co % dest_block or p.no % dest_block):
         raise ValueError("direct convolution: a destination in channel blocks takes channels-last tiles of whole "

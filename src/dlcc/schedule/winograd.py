@@ -271,8 +271,9 @@ def wino_func(p: WinoPlan, x: Buf, up: Buf, c: Buf, ws: Buf, name: str = "conv_w
     workspace (the repacked input, then each thread's V and M). ``channels_last``: ``c``'s channels are
     contiguous instead; the output transform keeps each pixel's channels together (``wgop_``) and the epilogue
     runs along them. A plan that reads ``x`` in its channel blocks (``WinoPlan.blocked``) takes ``x`` as its whole
-    base, flat. ``dest_block`` (channels-last, blocks of ``cbi``): the destination stores its channels in blocks
-    (``kir.Buffer.block``), and the epilogue's index is (image, channel block, channel in it, pixel)."""
+    base, flat. ``dest_block`` (channels-last, blocks of ``cbi``): the destination, or a tensor the epilogue reads,
+    stores its channels in blocks (``kir.Buffer.block``): the epilogue's index is (image, channel block, channel in
+    it, pixel)."""
     g, T, cbi, mr, nr = p.g, p.threads, p.cbi, p.mr, p.nr
     if dest_block and (not channels_last or dest_block != cbi):
         raise ValueError("Winograd convolution: a destination in channel blocks takes channels-last tiles of its "

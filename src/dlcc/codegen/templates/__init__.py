@@ -80,6 +80,11 @@ class TemplateCall:
     loop_ir: list[str] = field(default_factory=list)  # listings of the loop IR the template printed (dumps)
     producer: Producer | None = None  # a producer computed inside this template, whose result it reads
     input_scale: InputScale | None = None  # Conv: its input 0 times this per image and channel
+    # channels per block of an epilogue that the destination, or another tensor the epilogue reads, stores in
+    # channel blocks (``kir.Buffer.block``); 0: none. A template that runs its epilogue per block of channels hands
+    # ``store`` (image, channel block, channel in it, ...) where the destination is in blocks, else the channel as
+    # ``cbase.split_channel`` writes it
+    epilogue_block: int = 0
 
     def packed(self, array: np.ndarray) -> TensorRef:
         """A new weight buffer holding ``array`` (e.g. a weight rearranged at compile time for this kernel);

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dlcc.codegen.cbase import Operand, TemplateError, TensorRef
+from dlcc.codegen.cbase import Operand, TemplateError, TensorRef, split_channel
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.matmul import _verify_packed_once
 from dlcc.lower.lir import Buf, Func, Layout, verify_func
@@ -415,8 +415,8 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
         c.strides[0], 1, plan.co), c.offset))
     wsb = Buf(names("ws"), "float32", Layout.strided((ws.size if ws is not None else 1,)), "workspace")
     kw: dict = {"channels_last": True} if cl else {}
-    if c.block:  # (a destination in channel blocks: ``schedule.blocked``)
-        kw["dest_block"] = c.block
+    if call.epilogue_block:  # (a destination or a residual in channel blocks: ``schedule.blocked``)
+        kw["dest_block"] = call.epilogue_block
     ptrs, pre = ({wsb.name: ws.base()} if ws is not None else {}), ""
     if sc is not None:  # the factors first, after the repacking's floats; the repacking multiplies by them
         scb = Buf(names("sc"), "float32", Layout.strided((sc.batch, sc.channels)))
@@ -429,7 +429,7 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
         kw["scale"] = scb
     f = func(plan, x, wp, cb, wsb, fresh=names, **kw)
     _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size if ws is not None else 1, cl,
-                         sc is not None, c.block)
+                         sc is not None, call.epilogue_block)
     outs = list(outs or (g.oh, g.ow))  # (the output's rows and columns: ``g``'s, or those of its plane as one row)
 
     def store(idx, v):
@@ -621,9 +621,10 @@ def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], id
     """The epilogue of element (image, channel, flat pixel) of a GEMM-form convolution: bias, then ``store``
     at the pixel's (h, w). An address h*W + w of a contiguous operand is the flat index again, which C
     compilers do not see (and then do not vectorize the epilogue): it is folded back."""
-    if len(idx) == 4:  # (image, channel block, channel in it, pixel) of a destination in channel blocks
+    if len(idx) == 4:  # (image, channel block, channel in it, pixel): an epilogue per block of channels
         n, kb, ci, p = idx
-        co, head = f"({kb})*{call.scratch.block} + ({ci})", [n, kb, ci]
+        co = split_channel(kb, ci, call.epilogue_block)
+        head = [n, kb, ci] if call.scratch.block else [n, co]
     else:
         n, co, p = idx
         head = [n, co]
