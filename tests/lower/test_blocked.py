@@ -5,6 +5,8 @@ bottlenecks against onnxruntime on every target the machine runs, on an arena of
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -25,9 +27,11 @@ from dlcc.schedule.target import get_target
 from dlcc.testing.harness import assert_close, ort_output, runnable_targets
 
 
-def _bottleneck(c: int = 32, h: int = 14, n: int = 1, stride: int = 1, seed: int = 0):
+def _bottleneck(c: int = 32, h: int = 14, n: int = 1, stride: int = 1, seed: int = 0,
+                strides: tuple[int, ...] | None = None, stem: bool = False):
     """A ResNet bottleneck: 1x1 (c -> 2c, Relu), 3x3 (2c -> 2c, ``stride``, Relu), 1x1 (2c -> c), added to the input
-    (through a strided 1x1 projection when ``stride`` is 2), Relu; then a second one at stride 1."""
+    (through a strided 1x1 projection when ``stride`` is 2), Relu; then a second one at stride 1 (or one per
+    ``strides``); ``stem``: after a 3x3 convolution (c -> c, Relu), so that the sums can be channels-last."""
     rng = np.random.default_rng(seed)
     m = 2 * c
     arrays = {}
@@ -45,8 +49,11 @@ def _bottleneck(c: int = 32, h: int = 14, n: int = 1, stride: int = 1, seed: int
         if act:
             nodes.append(helper.make_node("Relu", [out], [y]))
 
-    for i, s in enumerate((stride, 1)):
-        x = "x" if i == 0 else "o0"
+    strides = strides or (stride, 1)
+    if stem:
+        conv("x", "st", c, c, 3)
+    for i, s in enumerate(strides):
+        x = ("st" if stem else "x") if i == 0 else f"o{i - 1}"
         conv(x, f"a{i}", m, c, 1)
         conv(f"a{i}", f"b{i}", m, m, 3, s)
         conv(f"b{i}", f"c{i}", c, m, 1, act=False)
@@ -55,8 +62,8 @@ def _bottleneck(c: int = 32, h: int = 14, n: int = 1, stride: int = 1, seed: int
             conv(x, f"p{i}", c, c, 1, s, act=False, bias=False)
             skip = f"p{i}"
         nodes.append(helper.make_node("Add", [f"c{i}", skip], [f"s{i}"]))
-        nodes.append(helper.make_node("Relu", [f"s{i}"], [f"o{i}" if i == 0 else "y"]))
-    ho = -(-h // stride)
+        nodes.append(helper.make_node("Relu", [f"s{i}"], [f"o{i}" if i < len(strides) - 1 else "y"]))
+    ho = -(-h // math.prod(strides))
     inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
     g = helper.make_graph(nodes, "bottleneck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, c, ho, ho])], inits)
@@ -203,5 +210,30 @@ def test_residual_trunk_in_blocks(target, threads):
         sums = [b for b in bl if len([k for k in p.kernels if b.id in k.reads]) == 2]
         assert sums and all(b.shape[1] == 128 and not b.ring for b in sums)
         assert f"% {t.lanes})" not in cm.artifacts.csource.source
+    assert_close(_poisoned(cm, feeds)["y"], ref, 1e-4, 1e-6)
+    assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("threads", [1, 2])
+def test_strided_projection_reads_blocks(target, threads):
+    """A sum read by the next bottleneck's 1x1 and by its strided 1x1 projection, whose plan skips the input's last
+    row and column: stored in blocks that hold them all, both read it in place (the template sets the projection's
+    extent to the blocks'); the strided 3x3's input keeps the ring above and left only; outputs match."""
+    t = get_target(target)
+    m, feeds = _bottleneck(128, 14, 1, strides=(1, 2), stem=True, seed=3)
+    ref = ort_output(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = {b.name: b for b in _blocked(cm.artifacts)}
+    if t.vector_registers >= 32:  # (on 16 registers the projection is a GEMM over NCHW, and the sum NCHW)
+        assert "o0" in bl
+    if t.lanes >= 4:
+        assert bl["a1"].ring == (1, 0, 1, 0)
+    if "o0" in bl:
+        assert bl["o0"].ring == ()
+        readers = [k for k in p.kernels if bl["o0"].id in k.reads]
+        strided = [k for k in readers if list(k.steps[0].anchor.attributes["strides"].value) == [2, 2]]
+        assert len(readers) == 2 and strided and all("nchwc_" not in k.steps[0].loop_ir for k in readers)
     assert_close(_poisoned(cm, feeds)["y"], ref, 1e-4, 1e-6)
     assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)

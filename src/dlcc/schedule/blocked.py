@@ -19,8 +19,7 @@ are 64 bytes apart where channels-last they were all the channels apart (ResNet-
 register tile's pixels in one L1 set, so it repacked them). A convolution's epilogue reading such a buffer (the
 residual add of a bottleneck) runs per block of channels, the channel written as (block, channel in it)
 (``cbase.split_channel``), so that the address needs no division. In ResNet-50 every buffer between two
-convolutions from the second stage on is stored so but the inputs of the strided 1x1 projections (whose plans
-skip the last row: the blocks would not hold it) and the last sum (which the average pool reads): 22 of its 31
+convolutions from the second stage on is stored so but the last sum (which the average pool reads): 24 of its 31
 repacking kernels gone.
 
 A buffer is stored so where all of these hold:
@@ -29,8 +28,9 @@ A buffer is stored so where all of these hold:
 - one kernel step writes it: a convolution's blocked direct kernel (whose channel tiles are whole vectors) or
   its Winograd kernel (whose output transform runs per block of one vector), storing channels-last;
 - every step reading it is a convolution that runs as the Winograd or the blocked direct kernel and reads it
-  as its input only (no fused producer, no folded input scale), whose plan keeps all of the input's rows and
-  columns (a ring of at least zero on every side), all these with the same ring; or a convolution storing
+  as its input only (no fused producer, no folded input scale), whose Winograd plan keeps all of the input's
+  rows and columns (a ring of at least zero on every side; a direct plan that skips the last ones, a strided
+  projection's, reads them in place all the same), all these with the same ring; or a convolution storing
   channels-last whose epilogue reads it (``BLOCKED_RESIDUALS``); at least one of the first kind.
 The ring and the planes' extent are the input readers' plan's (``workspace.reader_plan``), which the conv template
 checks again when it prints each reader.
@@ -76,8 +76,10 @@ class _Blocked(_Layouts):
         g, (h, w) = plan.g, shape[2:]
         if (g.h, g.w) != (h, w):  # (a 1x1 convolution's plane as one row: blocks with no ring)
             return (0, 0, 0, 0) if g.kh * g.kw == 1 and plan.hp * plan.wp == h * w else None
-        rh, rw = (plan.rh, plan.rw) if form[0] == "direct" else (g.ph, g.pw)
-        ring = (rh, plan.hp - h - rh, rw, plan.wp - w - rw)
+        if form[0] == "direct":  # (a plan that reads fewer rows or columns than the input's reads them in place all
+            # the same: the conv template sets its extent to the blocks')
+            return plan.rh, max(0, plan.hp - h - plan.rh), plan.rw, max(0, plan.wp - w - plan.rw)
+        ring = (g.ph, plan.hp - h - g.ph, g.pw, plan.wp - w - g.pw)
         return ring if min(ring) >= 0 else None
 
     def readers_ring(self, bid: int) -> tuple[int, int, int, int] | None:

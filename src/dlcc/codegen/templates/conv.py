@@ -380,8 +380,11 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
         xref = dataclasses.replace(xref, shape=(n, c, g.h, g.w), strides=(*xref.strides[:2], g.w * step, step))
     plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads,
                        xref.strides if call.input_scale is None and not xref.block else None)
-    if xref.block:
-        plan = dataclasses.replace(plan, blocked=True)
+    if xref.block:  # (the blocks' planes: at least the plan's extent, which may skip the input's last rows)
+        top, bottom, left, right = xref.ring or (0, 0, 0, 0)
+        hr, wr = top + xref.shape[2] + bottom, left + xref.shape[3] + right  # (its plane as one row: 1 x H*W)
+        plan = dataclasses.replace(plan, blocked=True, hp=max(plan.hp, hr) if top == plan.rh else plan.hp,
+                                   wp=max(plan.wp, wr) if left == plan.rw else plan.wp)
     return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func, outs)
 
 
