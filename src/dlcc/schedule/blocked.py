@@ -107,17 +107,14 @@ class _Blocked(_Layouts):
                 return None
         return ring
 
-    def candidate(self, bid: int) -> tuple[tuple[int, int, int, int], int] | None:
-        """The ring and the batch of buffer ``bid`` where it can be stored in channel blocks (module docstring)."""
+    def candidate(self, bid: int) -> tuple[int, int, int, int] | None:
+        """The ring buffer ``bid`` gets where it can be stored in channel blocks (module docstring), else None."""
         b = self.p.buffers[bid]
         lanes = self.target.lanes
         if (b.kind != "temp" or b.dtype != "float32" or not is_channels_last(b) or bid in self.p.outputs
                 or b.shape[1] % lanes or any(o.kind == "view" and o.base == bid for o in self.p.buffers.values())):
             return None
-        if self.writer(bid) is None:
-            return None
-        ring = self.readers_ring(bid)
-        return (ring, b.shape[0]) if ring is not None else None
+        return self.readers_ring(bid) if self.writer(bid) is not None else None
 
     def give(self, bid: int, ring: tuple[int, int, int, int]) -> None:
         """Buffer ``bid`` becomes a view in channel blocks of a new temp holding its blocks' planes with ``ring``."""
@@ -138,9 +135,9 @@ class _Blocked(_Layouts):
     def run(self) -> int:
         given = 0
         for bid in list(self.p.buffers):
-            found = self.candidate(bid)
-            if found is not None:
-                self.give(bid, found[0])
+            ring = self.candidate(bid)
+            if ring is not None:
+                self.give(bid, ring)
                 given += 1
         return given
 
