@@ -19,7 +19,7 @@ are 64 bytes apart where channels-last they were all the channels apart (ResNet-
 register tile's pixels in one L1 set, so it repacked them). A convolution's epilogue reading such a buffer (the
 residual add of a bottleneck) runs per block of channels, the channel written as (block, channel in it)
 (``cbase.split_channel``), so that the address needs no division. In ResNet-50 every buffer between two
-convolutions from the second stage on is stored so but the last sum (which the average pool reads): 24 of its 31
+convolutions from the second stage on is stored so but the last sum (which the average pool reads): 25 of its 31
 repacking kernels gone.
 
 A buffer is stored so where all of these hold:
