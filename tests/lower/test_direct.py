@@ -9,7 +9,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from test_lir import PRELUDE, _build, _conv_ref, _run_conv_ir
+from test_lir import PRELUDE, _build, _conv_ref, _random_conv, _run_conv_ir
 
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
@@ -62,12 +62,7 @@ SMALL_L3 = dataclasses.replace(SMALL_L2, l3_bytes=1 << 20)
                             (SMALL_L1, 1, 117, 4, 50, 32, 3, 1, 1, 1, 2),  # ... of a plane's rows, a tail tile
                             (SMALL_L1, 1, 117, 6, 48, 48, 3, 1, 1, 1, 2)])  # ... of the rows' tiles, per segment
 def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
-    wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
-    ref = _conv_ref(x, wt, (s, s), (d, d), (pad, pad))
-    oh, ow = ref.shape[2:]
-    g = ConvGeometry(ci, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+    x, wt, ref, g = _random_conv(11, n, ci, h, w, co, k, s, d, pad)
     p = plan_direct(co, g, n, get_target(target), threads)
     if target == "x86-64-v3" and (ci, h, w) in ((24, 14, 14), (16, 9, 7)):
         assert p.flat and p.order == "plane"
@@ -77,12 +72,12 @@ def test_direct_conv_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad
     wpk = pack_direct(wt, p)
     f = direct_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))),
                     Buf("wp", "float32", Layout.strided(wpk.shape)),
-                    Buf("c", "float32", Layout.strided((n, co, oh * ow))),
+                    Buf("c", "float32", Layout.strided((n, co, g.oh * g.ow))),
                     Buf("ws", "float32", Layout.strided((p.workspace_floats,)), "workspace"))
     verify_func(f)  # (the prefetched lines inside the packed weight too)
     # channel tiles outside: each call prefetches a share of the next tile's weights
     assert bool(re.search(r"dconvp?_\w*_f\d+\(", print_func(f))) == (p.order in ("plane", "oc") and p.n_oct > 1)
-    out, seen = _run_conv_ir(f, x, "wp", wpk, (n, co, oh * ow), p.workspace_floats)
+    out, seen = _run_conv_ir(f, x, "wp", wpk, (n, co, g.oh * g.ow), p.workspace_floats)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size  # every output handed to the epilogue once
 

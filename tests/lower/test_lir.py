@@ -43,7 +43,7 @@ from dlcc.lower.lir import (
     run_func,
     verify_func,
 )
-from dlcc.lower.micro import dwconv_micro, gemm_micro, gemmb_micro, gemmr_micro, gemmt_micro, im2col_micro
+from dlcc.lower.micro import DCONV_PAD, dwconv_micro, gemm_micro, gemmb_micro, gemmr_micro, gemmt_micro, im2col_micro
 from dlcc.schedule.dwconv import dw_func
 from dlcc.schedule.gemm import (
     ConvGeometry,
@@ -485,27 +485,44 @@ def _conv_ref(x, w, s, d, pad):
     return out
 
 
+def _random_conv(seed, n, c, h, w, co, k, s, d, pad):
+    """A random input and weight, their float64 convolution (stride, dilation, padding ``s``, ``d``, ``pad`` on both
+    axes) and its geometry."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((co, c, k, k)).astype(np.float32)
+    ref = _conv_ref(x, wt, (s, s), (d, d), (pad, pad))
+    oh, ow = ref.shape[2:]
+    return x, wt, ref, ConvGeometry(c, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+
+
+def _assert_tile(got, want, pixel_major, rows, ldc, px, atol=1e-5):
+    """A register tile's stores against its reference: pixel-major everywhere; channel-major (``rows`` channels,
+    ``ldc`` apart) on its ``px`` pixels, and nothing written from DCONV_PAD past them."""
+    if pixel_major:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
+        return
+    g, r = got.reshape(rows, ldc), want.reshape(rows, ldc)
+    np.testing.assert_allclose(g[:, :px], r[:, :px], rtol=1e-5, atol=atol)
+    assert (g[:, px + DCONV_PAD:] == 7.0).all()
+
+
 @pytest.mark.parametrize("n,c,h,w,co,k,s,d,pad,threads", [
     (1, 3, 9, 8, 20, 3, 1, 1, 1, 1), (2, 5, 7, 7, 40, 3, 2, 1, 1, 2), (1, 4, 10, 9, 33, 1, 2, 1, 0, 1),
     (1, 2, 11, 11, 17, 3, 1, 2, 2, 2), (1, 3, 8, 8, 8, 3, 1, 1, 0, 1)])
 def test_conv_gemm_loop_ir_matches_numpy(n, c, h, w, co, k, s, d, pad, threads):
     """The im2col GEMM: pixels as rows, gathered (padding through clamped loads and a select)."""
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = rng.standard_normal((co, c, k, k)).astype(np.float32)
-    ref = _conv_ref(x, wt, (s, s), (d, d), (pad, pad))
-    oh, ow = ref.shape[2:]
-    g = ConvGeometry(c, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+    x, wt, ref, g = _random_conv(4, n, c, h, w, co, k, s, d, pad)
     p = plan_gemm_conv(co, g, n, TINY, 1)
     if threads > 1:
         p = dataclasses.replace(p, tm=threads)
     xb = Buf("x", "float32", Layout.strided((n, c, h, w)))
     wp = Buf("wp", "float32", Layout.strided((p.col_panels, p.k, p.nr)))
-    cb = Buf("c", "float32", Layout.strided((n, co, oh * ow)))
+    cb = Buf("c", "float32", Layout.strided((n, co, g.oh * g.ow)))
     ws = Buf("ws", "float32", Layout.strided((p.threads * p.workspace_floats,)), "workspace")
     f = gemm_func_conv(p, g, xb, wp, cb, ws, True)
     verify_func(f)
-    out = np.full(n * co * oh * ow, np.nan, np.float32)
+    out = np.full(n * co * g.oh * g.ow, np.nan, np.float32)
     seen = []
     run_func(f, {"x": x.ravel().copy(), "wp": pack_b(wt.reshape(co, -1).T.copy(), p.nr).ravel(), "c": out},
              lambda i, v: seen.append(i))

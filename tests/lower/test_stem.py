@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from test_lir import PRELUDE, _build, _conv_ref, _run_conv_ir
+from test_lir import PRELUDE, _assert_tile, _build, _random_conv, _run_conv_ir
 
 import dlcc
 from dlcc.codegen.cbase import vector_helpers
@@ -62,12 +62,7 @@ def test_nchw_tiles_match_their_contract(target):
             fn = getattr(lib, f"w_{name}")
             fn.argtypes = [i64, ptr, ptr, ptr, i64]
             fn(1, x.ctypes.data_as(ptr), w.ctypes.data_as(ptr), got.ctypes.data_as(ptr), ldc)
-            if pm:
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-            else:
-                g2, w2 = got.reshape(no, ldc), want.reshape(no, ldc)
-                np.testing.assert_allclose(g2[:, :px], w2[:, :px], rtol=1e-5, atol=1e-4)
-                assert (g2[:, px + DCONV_PAD:] == 7.0).all()
+            _assert_tile(got, want, pm, no, ldc, px, atol=1e-4)
 
 
 def test_row_pieces_cover_every_tap_inside_once():
@@ -111,12 +106,7 @@ def test_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
     """The plan reads the NCHW input in place (no workspace); the verifier proves every tap of every tile inside
     the input; interpreted, the outputs match a float64 convolution, each handed to the epilogue once."""
     t = get_target(target)
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal((n, ci, h, w)).astype(np.float32)
-    wt = rng.standard_normal((co, ci, k, k)).astype(np.float32)
-    ref = _conv_ref(x, wt, (s, s), (d, d), (pad, pad))
-    oh, ow = ref.shape[2:]
-    g = ConvGeometry(ci, h, w, oh, ow, k, k, s, s, d, d, pad, pad)
+    x, wt, ref, g = _random_conv(9, n, ci, h, w, co, k, s, d, pad)
     strides = (ci * h * w, h * w, w, 1)
     assert reads_nchw(g, strides, t.lanes)
     p = plan_direct(co, g, n, t, threads, strides)
@@ -124,11 +114,11 @@ def test_loop_ir_matches_numpy(target, n, ci, h, w, co, k, s, d, pad, threads):
     wpk = pack_direct(wt, p)
     f = direct_func(p, Buf("x", "float32", Layout.strided((n, ci, h, w))),
                     Buf("wp", "float32", Layout.strided(wpk.shape)),
-                    Buf("c", "float32", Layout.strided((n, co, oh * ow))),
+                    Buf("c", "float32", Layout.strided((n, co, g.oh * g.ow))),
                     Buf("ws", "float32", Layout.strided((1,)), "workspace"))
     verify_func(f)
     assert not f.workspace
-    out, seen = _run_conv_ir(f, x, "wp", wpk, (n, co, oh * ow), 1)
+    out, seen = _run_conv_ir(f, x, "wp", wpk, (n, co, g.oh * g.ow), 1)
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-5, atol=1e-4)
     assert len(seen) == len(set(seen)) == out.size
 

@@ -76,10 +76,10 @@ class _Blocked(_Layouts):
         g, (h, w) = plan.g, shape[2:]
         if (g.h, g.w) != (h, w):  # (a 1x1 convolution's plane as one row: blocks with no ring)
             return (0, 0, 0, 0) if g.kh * g.kw == 1 and plan.hp * plan.wp == h * w else None
+        ring = (plan.rh, plan.hp - h - plan.rh, plan.rw, plan.wp - w - plan.rw)
         if form[0] == "direct":  # (a plan that reads fewer rows or columns than the input's reads them in place all
             # the same: the conv template sets its extent to the blocks')
-            return plan.rh, max(0, plan.hp - h - plan.rh), plan.rw, max(0, plan.wp - w - plan.rw)
-        ring = (g.ph, plan.hp - h - g.ph, g.pw, plan.wp - w - g.pw)
+            return ring[0], max(0, ring[1]), ring[2], max(0, ring[3])
         return ring if min(ring) >= 0 else None
 
     def readers_ring(self, bid: int) -> tuple[int, int, int, int] | None:

@@ -130,9 +130,14 @@ class DirectPlan:
         return min(band, self.band_rows) if self.band_rows else band
 
     @property
+    def blocks_floats(self) -> int:
+        """The floats of the input in its channel blocks, each plane hp x wp with its ring (repacked, or read so)."""
+        return self.batch * self.ncb * self.hp * self.wp * self.cbi
+
+    @property
     def input_floats(self) -> int:
         """The repacked input's floats (none when read in place)."""
-        return 0 if self.in_place or self.nchw or self.blocked else self.batch * self.ncb * self.hp * self.wp * self.cbi
+        return 0 if self.in_place or self.nchw or self.blocked else self.blocks_floats
 
     @property
     def ld_plane(self) -> int:
@@ -761,16 +766,21 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
             out += (For(oy, a, z, body(tiles(k0, k1, chunked))),)
         return out
 
+    def per_block(n: Expr, base: Expr, kb0: Expr, nbk: Expr) -> Stmt:
+        """The epilogue of n pixels of the pixel-major local buffer from output pixel ``base``, per block of
+        ``dest_block`` channels (blocks [kb0, kb0 + nbk), each one vector loop; its columns from the first block's)."""
+        return For(q, Const(0), n, (For(ko, Const(0), nbk, (For(o, Const(0), Const(dest_block), (
+            Epilogue((b, simplify(kb0 + ko), o, simplify(base + q)), Load(acc, (q, simplify(ko * dest_block + o)))),),
+            "vectorized"),)),))
+
     def along(base: Expr, n: Expr, plane: bool = False) -> Stmt:
         """The epilogue of the tile's n pixels in the local buffer (``plane``: the tile's plane in the
         workspace, "sweep"), from output pixel ``base`` (one loop: it vectorizes)."""
         nco = Const(p.no) if p.co % p.no == 0 else Bin("min", Const(p.no), Const(p.co) - oct * p.no)
-        if cl and dest_block:  # (per block of the tile's channels, one vector loop)
+        if cl and dest_block:  # (per block of the tile's channels)
             per = p.no // dest_block
             nbk = Const(per) if p.co % p.no == 0 else Bin("min", Const(per), Const(p.co // dest_block) - oct * per)
-            return For(q, Const(0), n, (For(ko, Const(0), nbk, (For(o, Const(0), Const(dest_block), (
-                Epilogue((b, simplify(oct * per + ko), o, simplify(base + q)),
-                         Load(acc, (q, simplify(ko * dest_block + o)))),), "vectorized"),)),))
+            return per_block(n, base, oct * per, nbk)
         if cl:
             return For(q, Const(0), n, (For(o, Const(0), nco, (
                 Epilogue((b, oct * p.no + o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))
@@ -791,10 +801,8 @@ def direct_func(p: DirectPlan, x: Buf, wp: Buf, c: Buf, ws: Buf, name: str = "co
     if wide:  # per band of rows: every channel tile's rows, then the epilogue per pixel along all channels
         last = simplify(Bin("min", r1, first + band))
         base = simplify(first * g.ow)
-        if dest_block:  # (per block of channels, one vector loop)
-            epi = For(q, Const(0), simplify((last - first) * g.ow), (For(ko, Const(0), Const(p.co // dest_block), (
-                For(o, Const(0), Const(dest_block), (Epilogue((b, ko, o, simplify(base + q)), Load(acc, (
-                    q, simplify(ko * dest_block + o)))),), "vectorized"),)),))
+        if dest_block:  # (per block of channels)
+            epi = per_block(simplify((last - first) * g.ow), base, Const(0), Const(p.co // dest_block))
         else:
             epi = For(q, Const(0), simplify((last - first) * g.ow), (For(o, Const(0), Const(p.co), (
                 Epilogue((b, o, simplify(base + q)), Load(acc, (q, o))),), "vectorized"),))

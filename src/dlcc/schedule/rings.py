@@ -148,22 +148,16 @@ def ring_func(view: Buffer, name: str, fresh=str) -> Func:
     in channel blocks (``Buffer.block``) whose planes follow one another, each block's plane channels-last): per
     plane, the rows above and the first row's left columns, then between each row's right columns and the next
     row's left ones, then the last row's right columns and the rows below, each one contiguous run."""
-    n, c, h, w = view.shape
+    n0, c0, h, w = view.shape
     top, bottom, left, right = view.ring
-    if view.block:  # (each image's blocks: planes of ``block`` channels, all of them one after the other)
-        nb = c // view.block
-        c = view.block
-        wr = w + left + right
-        plane = (h + top + bottom) * wr * c
-        if view.strides[2:] != (wr * c, c) or view.strides[:2] not in ((plane, n * plane), (nb * plane, plane)):
-            raise ValueError("ring: the view's channel blocks are not planes one after the other in its base")
-        view = Buffer(view.id, view.kind, view.dtype, (n * nb, c, h, w), strides=(plane, 1, wr * c, c),
-                      ring=view.ring)
-        n = n * nb
+    c = view.block or c0  # (the channels of one plane: a block's, or all of them)
+    nb = c0 // c
+    n = n0 * nb  # (planes, one after the other)
     wr = w + left + right
     plane = (h + top + bottom) * wr * c
-    if view.dtype != "float32" or view.strides != (plane, 1, wr * c, c):
-        raise ValueError("ring: the view is not float32 and channels-last in its base")
+    planes = ((plane, n0 * plane), (nb * plane, plane)) if view.block else ((plane, 1),)
+    if view.dtype != "float32" or view.strides[2:] != (wr * c, c) or view.strides[:2] not in planes:
+        raise ValueError("ring: the view is not float32 with channels-last planes one after the other in its base")
     base = Buf(name, view.dtype, Layout.strided((n * plane,)))
     b, q, y = Var(fresh("b")), Var(fresh("q")), Var(fresh("y"))
     zero = Const(0.0, "float32")

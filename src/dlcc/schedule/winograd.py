@@ -120,8 +120,23 @@ class WinoPlan:
         return -(-self.th // self.tr)
 
     @property
+    def rh(self) -> int:
+        """Rows of zero ring above the input in a block's plane (the padding)."""
+        return self.g.ph
+
+    @property
+    def rw(self) -> int:
+        """Columns of zero ring left of the input in a block's plane (the padding)."""
+        return self.g.pw
+
+    @property
+    def blocks_floats(self) -> int:
+        """The floats of the input in its channel blocks, each plane hp x wp with its ring (repacked, or read so)."""
+        return self.batch * self.ncb * self.hp * self.wp * self.cbi
+
+    @property
     def input_floats(self) -> int:
-        return 0 if self.blocked else self.batch * self.ncb * self.hp * self.wp * self.cbi
+        return 0 if self.blocked else self.blocks_floats
 
     @property
     def ldv(self) -> int:

@@ -447,7 +447,7 @@ def _verify_planned_once(func: Callable[..., Func], plan: DirectPlan | WinoPlan,
                          channels_last: bool = False, scaled: bool = False, dest_block: int = 0) -> None:
     """verify_func on ``func``'s loop IR of ``plan`` (the same for every convolution with these shapes)."""
     x = Buf("x", "float32", Layout.strided(shape, strides)) if not plan.blocked else \
-        Buf("x", "float32", Layout.strided((plan.batch * plan.ncb * plan.hp * plan.wp * plan.cbi,)))
+        Buf("x", "float32", Layout.strided((plan.blocks_floats,)))
     wp = Buf("w", "float32", Layout.strided(packed))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.co, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
@@ -525,13 +525,12 @@ def _blocked_base(xref: TensorRef, plan: DirectPlan | WinoPlan) -> int:
     """The floats of the base of input ``xref``, held in the channel blocks ``plan`` reads (``schedule.blocked``): as
     the repacking would have stored them, blocks outside images, each block's plane ``hp`` x ``wp`` with the zero
     ring, the input at row ``rh`` and column ``rw`` of it; raises TemplateError where it is not so."""
-    rh, rw = (plan.rh, plan.rw) if isinstance(plan, DirectPlan) else (plan.g.ph, plan.g.pw)
     plane = plan.hp * plan.wp * plan.cbi
     expect = (plane, plan.batch * plane, plan.wp * plan.cbi, plan.cbi)
-    if xref.block != plan.cbi or xref.strides != expect or xref.offset != (rh * plan.wp + rw) * plan.cbi:
+    if xref.block != plan.cbi or xref.strides != expect or xref.offset != (plan.rh * plan.wp + plan.rw) * plan.cbi:
         raise TemplateError(f"Conv: internal: an input in channel blocks of {xref.block} (strides {xref.strides}, "
                             f"at {xref.offset}) that the plan does not read")
-    return plan.batch * plan.ncb * plane
+    return plan.blocks_floats
 
 
 def _pixels_dest(c: TensorRef, n: int, ch: int, pixels: int) -> Buf:
