@@ -1,4 +1,4 @@
-"""Inline elementwise ops (``ELEMENTWISE`` in dlcc.codegen.expr, plus BatchNormalization) vs onnxruntime.
+"""Inline elementwise ops (``ELEMENTWISE`` in dlcc.lower.element, plus BatchNormalization) vs onnxruntime.
 
 One-node models through ``run_node``. Floats: DESIGN tolerance relative to the output's scale (rtol 1e-5,
 atol 1e-6) on the finite reference entries; NaN / +-inf must appear at exactly the same places. Integer
@@ -22,7 +22,8 @@ import pytest
 from onnx import helper
 
 from dlcc.codegen.cbase import TemplateError
-from dlcc.codegen.expr import ELEMENTWISE
+from dlcc.lower.element import ELEMENTWISE
+from dlcc.lower.lir import Var
 from dlcc.testing.harness import ort_output, run_node
 
 F32, I64, I32, BOOL = np.float32, np.int64, np.int32, np.bool_
@@ -289,7 +290,7 @@ def test_cast_unsupported_type_raises(to):
     m, _ = _model("Cast", [_rand((3,))], {"to": to})
     node = next(iter(ir.serde.deserialize_model(m).graph))
     with pytest.raises(TemplateError, match="Cast to"):
-        ELEMENTWISE["Cast"](node, ["x"], ["float32"])
+        ELEMENTWISE["Cast"](node, [Var("x", "float32")], ["float32"])
 
 
 # ---------------------------------------------------------------------------------------------------- Pow

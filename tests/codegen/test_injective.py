@@ -1,4 +1,4 @@
-"""Injective ops as inlined index maps (dlcc.codegen.injective), compared with onnxruntime."""
+"""Injective ops as inlined index maps (dlcc.lower.indexmaps) in verified loop steps, compared with onnxruntime."""
 
 import ctypes
 import hashlib
@@ -14,11 +14,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import dlcc.codegen.injective  # noqa: F401  (registers the INDEXED handlers)
-from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent, loops
-from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent
+from dlcc.codegen.element_c import CElements
+from dlcc.codegen.lir_c import print_c
+from dlcc.lower.lir import verify_func
+from dlcc.schedule.elementwise import fill_map, map_func
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import prelude, run_node
+from dlcc.util import value_dtype, value_shape
 
 INT_MAX = 2**63 - 1
 
@@ -87,20 +90,29 @@ def _run(model, feeds, out_index=0, pure=False):
     out = node.outputs[out_index]
     oref = TensorRef("out", value_dtype(out), value_shape(out))
     params.append(f"{oref.ctype}* restrict out")
-    names = Names()
-    gen = ExprGen(buffers, consts, names)
-
-    def inner(idx):
-        stmts = None if pure else []
-        gen.reset()
-        expr = gen.at(out, idx, stmts)
-        return "\n".join([*(stmts or []), f"{oref.at(idx)} = {expr};"])
-
-    _, body = loops(oref.shape, names, inner)
+    body = _loop_step(buffers, consts, out, oref, pure)
     src = f"{prelude(get_target())}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n"
     arrays = [np.ascontiguousarray(v.const_value.numpy() if v.const_value is not None else feeds[v.name],
                                    dtype=value_dtype(v)) for v in ins]
     return _compile_and_call(src, arrays, oref)
+
+
+def _loop_step(buffers, consts, out, oref, pure=False):
+    """The C of the loop step computing ``out`` into ``oref`` as production builds it: the element expression in a
+    loop-IR nest, verified (every load in bounds), printed. ``pure``: one expression per element, no locals."""
+    names = Names()
+    gen = CElements({**buffers, out: oref}, consts, names)
+
+    def element(idx):
+        lets = None if pure else []
+        gen.gen.reset()
+        value = gen.gen.compute(out, list(idx), lets)
+        return lets or [], value
+
+    f = fill_map(map_func(tuple(oref.shape), oref.dtype, 1, "node", names), gen.gen.bufs[out], element,
+                 gen.gen.bufs.values())
+    verify_func(f)
+    return print_c(f, gen.ptrs)[0]
 
 
 def _compile_and_call(src, arrays, oref):
@@ -134,16 +146,7 @@ def _run_graph(model, feeds):
         arrays.append(np.ascontiguousarray(consts[v] if v in consts else feeds[v.name], dtype=value_dtype(v)))
     out = m.graph.outputs[0]
     oref = TensorRef("out", value_dtype(out), value_shape(out))
-    names = Names()
-    gen = ExprGen(buffers, consts, names)
-
-    def inner(idx):
-        stmts = []
-        gen.reset()
-        expr = gen.at(out, idx, stmts)
-        return "\n".join([*stmts, f"{oref.at(idx)} = {expr};"])
-
-    _, body = loops(oref.shape, names, inner)
+    body = _loop_step(buffers, consts, out, oref)
     params.append(f"{oref.ctype}* restrict out")
     return _compile_and_call(f"{prelude(get_target())}\nvoid dlcc_node({', '.join(params)}) {{\n{indent(body)}\n}}\n",
                              arrays, oref)

@@ -87,8 +87,8 @@ def test_regression_reshape_graph_output_read_in_same_kernel(case, fusion):
 
 # Bug 2 (codegen, GCC 12; seeds 42, 157, 269, 354): Where was emitted as `c ? x[i] : y[i]`; the loads in the
 # branches become masked loads, which GCC 12.2 -O3 with AVX2/AVX-512 (-march=native) miscompiles in loop nests
-# with small constant trip counts (wrong elements picked). Fixed in expr.py: both operands are evaluated into
-# locals before the select.
+# with small constant trip counts (wrong elements picked). Fixed in the element expressions (now the scalar function
+# `select` of dlcc.codegen.scalar_c): both operands are evaluated into locals before the select.
 WHERE_MASKED_LOADS = [
     ("""    m = LessOrEqual (x0, h)
     y = Where (m, x1, x2)""",
@@ -100,8 +100,9 @@ WHERE_MASKED_LOADS = [
 ]
 
 # Bug 3 (codegen, GCC 12; seeds 1516, 1700, 1868, 20565): the same miscompilation through Concat's choice of
-# input (`i < n ? a[..] : b[..]`; Pad's in-range test has the same shape). Fixed in injective.py: every input
-# is read at its index clamped into range, unconditionally, and the value chosen afterwards.
+# input (`i < n ? a[..] : b[..]`; Pad's in-range test has the same shape). Fixed in the index maps (now
+# dlcc.lower.indexmaps): every input is read at its index clamped into range, unconditionally, and the value chosen
+# afterwards.
 CONCAT_MASKED_LOADS = [
     ("""    y = Concat <axis: int = 2> (x, x)""",
      """g (float[2,8,10,2] x) => (float[2,8,20,2] y)"""),
@@ -232,8 +233,8 @@ def test_regression_layernorm_of_equal_values_is_exact():
 
 
 # Bug 7 (codegen, seed 6606): LessOrEqual(x, Tanh(x)) took the other branch of a Where for x = 3.79e-4:
-# glibc's tanhf returned x, 1 ulp above the correctly rounded tanh(x) < x. Fixed in codegen/expr.py: Tanh is
-# computed in double and rounded once.
+# glibc's tanhf returned x, 1 ulp above the correctly rounded tanh(x) < x. Fixed in the element expressions (now
+# dlcc.lower.element): Tanh is computed in double and rounded once.
 def test_regression_tanh_is_correctly_rounded_near_zero():
     import numpy as np
 

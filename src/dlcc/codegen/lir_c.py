@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from dlcc.codegen.cbase import c_float, c_int, ctype, indent
+from dlcc.codegen.cbase import c_float, c_int, c_literal, ctype, indent
+from dlcc.codegen.scalar_c import SCALAR_C
 from dlcc.codegen.threads import par_for
 from dlcc.errors import DlccError
 from dlcc.lower.lir import (
@@ -39,6 +40,8 @@ from dlcc.lower.lir import (
     Func,
     If,
     In,
+    Lane,
+    Let,
     Load,
     Micro,
     Ptr,
@@ -50,11 +53,12 @@ from dlcc.lower.lir import (
     subst_stmts,
 )
 
-__all__ = ["C_CALLS", "print_c"]
+__all__ = ["C_CALLS", "c_expr", "c_stmts", "print_c"]
 
+# A name, or a format of the arguments ({0}, {1}, ...; {T}: the C type of the result)
 C_CALLS = {"exp": "dlcc_expf", "expneg": "dlcc_vm_expneg",
            "expm1": "dlcc_expm1f", "log": "dlcc_logf", "log1p": "dlcc_log1pf", "tanh": "dlcc_tanhf",
-           "sigmoid": "dlcc_sigmoidf", "sqrt": "sqrtf", "abs": "fabsf", "pow": "powf"}
+           "sigmoid": "dlcc_sigmoidf", "sqrt": "sqrtf", "abs": "fabsf", "pow": "powf", **SCALAR_C}
 
 Index = Callable[[Sequence[str]], str]
 
@@ -73,7 +77,11 @@ class _Printer:
     def e(self, x: Expr) -> str:
         if isinstance(x, Var):
             return x.name
+        if isinstance(x, Lane):
+            return f"(({self.e(x.block)})*{x.size} + ({self.e(x.lane)}))"
         if isinstance(x, Const):
+            if x.dtype not in ("int64", "float32", "float64"):
+                return c_literal(x.value, x.dtype)
             if x.dtype == "int64":
                 return str(int(x.value)) if abs(int(x.value)) < 2**31 else c_int(int(x.value))
             if x.dtype == "float64" and math.isfinite(x.value):
@@ -101,8 +109,13 @@ class _Printer:
         if isinstance(x, Ptr):
             return f"({self.base(x.buf)} + {self.e(x.buf.layout.address(x.index))})"
         if isinstance(x, Call):
-            return f"{C_CALLS[x.fn]}({', '.join(self.e(a) for a in x.args)})"
+            fn, args = C_CALLS[x.fn], [self.e(a) for a in x.args]
+            if "{" in fn:
+                return fn.format(*args, T=ctype(x.dtype))
+            return f"{fn}({', '.join(args)})"
         if isinstance(x, Cast):
+            if x.dtype == "bool":  # (C's bool of any value: not a truncation to 8 bits)
+                return f"(({self.e(x.value)}) != 0)"
             return f"(({ctype(x.dtype)})({self.e(x.value)}))"
         if isinstance(x, In):
             if x.k not in self.inputs:
@@ -118,6 +131,10 @@ class _Printer:
     def ref(self, b: Buf, index: Sequence[Expr], lanes: int) -> str:
         if not b.shape and b.scope in ("register", "stack"):
             return b.name
+        if b.scope == "const":  # a table: declared where it is read (a GNU statement expression)
+            vals = ", ".join(c_literal(v, b.dtype) for v in b.data)
+            return (f"({{ static const {ctype(b.dtype)} {b.name}[{len(b.data)}] = {{{vals}}}; "
+                    f"{b.name}[{self.e(b.layout.address(index))}]; }})")
         if b.vector > 1:  # an array of vectors: the last index counts elements, the array vectors
             *lead, last = index
             sub = "".join(f"[{self.e(i)}]" for i in lead)
@@ -158,6 +175,8 @@ class _Printer:
             head = f"for (int64_t {v} = {self.e(s.start)}; {v} < {self.e(s.stop)}; ++{v}) {{"
             pragma = "#pragma GCC ivdep\n" if s.kind == "vectorized" else ""
             return f"{pragma}{head}\n{indent(self.stmts(s.body))}\n}}"
+        if isinstance(s, Let):
+            return f"const {ctype(s.var.dtype)} {s.var.name} = {self.e(s.value)};"
         if isinstance(s, Store):
             val = self.e(s.value)
             if s.lanes > 1 and s.buf.vector <= 1:
@@ -221,3 +240,13 @@ def print_c(f: Func, ptrs: dict[str, str], store: Callable[[Sequence[str], str],
     (the Epilogues with a destination; none: the value itself)."""
     p = _Printer({**{b.name: b.name for b in f.params}, **ptrs}, store, lanes, inputs or {}, chain)
     return p.stmts(f.body), p.micro
+
+
+def c_expr(e: Expr, ptrs: dict[str, str], lanes: int = 4) -> str:
+    """The C of expression ``e`` (buffers at ``ptrs``, by name)."""
+    return _Printer(ptrs, None, lanes, {}).e(e)
+
+
+def c_stmts(body: Sequence[Stmt], ptrs: dict[str, str], lanes: int = 4) -> str:
+    """The C of statements ``body`` (buffers at ``ptrs``, by name; no epilogue, no parallel loop)."""
+    return _Printer(ptrs, None, lanes, {}).stmts(body)

@@ -41,30 +41,29 @@ from dlcc.codegen.cbase import (
     contiguous_strides,
     ctype,
     indent,
-    split_channel,
     vector_helpers,
 )
 from dlcc.codegen.cbase import sanitize_comment as _c
-from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.codegen.element_c import CElements, blocked_index
 from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, InputScale, Producer, TemplateCall
 from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline
 from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
-from dlcc.lower.lir import Func, print_func, verify_func
+from dlcc.lower.lir import Const, Expr, Func, Let, Var, print_func, verify_func
 from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
 from dlcc.schedule.chscale import scale_operands
-from dlcc.schedule.elementwise import inlined_nodes, map_func
+from dlcc.schedule.elementwise import fill_map, inlined_nodes, map_func
 from dlcc.schedule.rings import ring_func
 from dlcc.schedule.target import Target, get_target
+from dlcc.util import value_dtype, value_shape
 
 __all__ = ["ALIGN", "CSource", "generate"]
 
 # what lowering may ask this generator to print (ops.backend: lowering sits below codegen)
-import dlcc.codegen.injective  # noqa: E402, F401  (registers the index-map ops in INDEXED)
-from dlcc.codegen.expr import ELEMENTWISE, INDEXED  # noqa: E402
+from dlcc.lower.element import ELEMENTWISE, INDEXED  # noqa: E402
 from dlcc.ops.backend import register as _register_backend  # noqa: E402
 
 _register_backend(ELEMENTWISE, INDEXED, TEMPLATES, NEEDS_BUFFERS)
@@ -128,7 +127,7 @@ class _KernelGen:
             for v in (*n.inputs, *n.outputs):
                 if v is not None and v in self.p.value_buffer:
                     refs[v] = self.ref(self.p.value_buffer[v])
-        gen = ExprGen(refs, self.p.consts, names)
+        gen = CElements(refs, self.p.consts, names, self.target.lanes)
         parts = []
         for step in k.steps:
             parts += [self.ring(step, names), self.step(step, gen, names)]
@@ -146,9 +145,10 @@ class _KernelGen:
         text, _ = print_c(f, {})
         return f"/* zero ring */\n{{\n{indent(text)}\n}}"
 
-    def step(self, step: Step, gen: ExprGen, names: Names) -> str:
+    def step(self, step: Step, gen: CElements, names: Names) -> str:
         """A copy or a loop step as the loop IR of ``schedule.elementwise.map_func`` (the element each index
-        gets: a load of the source, or the expression generator's inlined chain), else a template."""
+        gets: a load of the source, or the element expression of the group's elementwise and injective ops,
+        ``lower.element``, verified with it), else a template."""
         if step.kind == "copy":
             dst, src = self.ref(step.copy[0]), self.ref(step.copy[1])
             if dst.shape == src.shape:
@@ -159,79 +159,80 @@ class _KernelGen:
             return f"/* copy */\n{_emit_map(f, put, at)}"
         if step.kind == "loop":
             v = step.outputs[0]
-            dst = gen.buffers[v]
+            dst = gen.refs[v]
 
             def element(idx):
-                gen.reset()
-                stmts: list[str] = []
-                return _statement_expr(stmts, gen.compute(v, list(idx), stmts))
+                gen.gen.reset()
+                lets: list[Let] = []
+                return lets, gen.gen.compute(v, list(idx), lets)
 
             par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
             order = _memory_order(dst)
             tile = _transpose_tile(_inlined(v, gen), dst.shape) if order is None else None
             f = _map(tuple(dst.shape), dst.dtype, par, "loop", names, tile, order)
+            f = fill_map(f, gen.gen.bufs[v], element, {b.name: b for b in gen.gen.bufs.values()}.values())
+            verify_func(f)
             step.loop_ir = print_func(f)
-            return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(_emit_map(f, dst.at, element))}\n}}"
+            text, _ = print_c(f, gen.ptrs)
+            return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(text)}\n}}"
         return self.template(step, gen, names)
 
-    def operands(self, node: ir.Node, gen: ExprGen) -> list[Operand | None]:
+    def operands(self, node: ir.Node, gen: CElements) -> list[Operand | None]:
         """The template operands of ``node``'s inputs: buffers (with their constant, if any), else inlined."""
         operands: list[Operand | None] = []
         for v in node.inputs:
             if v is None:
                 operands.append(None)
                 continue
-            const = gen.const_of(v)
-            ref = gen.buffers.get(v)
+            const = gen.gen.const_of(v)
+            ref = gen.refs.get(v)
             if ref is None and const is not None and (op_key(node) in NEEDS_BUFFERS or const.size > 1):
                 ref = self.ref(self.p.value_buffer[v]) if v in self.p.value_buffer else self.weights.add(const)
-                gen.buffers[v] = ref
+                gen.add(v, ref)
             if ref is not None:
                 operands.append(Operand.of(ref, const))
             else:
                 operands.append(Operand(value_shape(v), value_dtype(v),
-                                        lambda idx, v=v: gen.at(v, idx, None), None, const))
+                                        lambda idx, v=v: gen.at(v, idx), None, const))
         return operands
 
     @staticmethod
-    def chain(a: ir.Value, end: ir.Value, gen: ExprGen, names: Names) -> Callable[[Sequence[str], str], \
+    def chain(a: ir.Value, end: ir.Value, gen: CElements, names: Names) -> Callable[[Sequence, str], \
             tuple[list[str], str]]:
         """(statements, expression) of the fused elementwise chain from anchor result ``a`` to ``end`` at element
-        ``idx``, given the anchor's value there."""
-        def parts(idx: Sequence[str], val: str) -> tuple[list[str], str]:
+        ``idx`` (C text, or loop-IR expressions), given the anchor's value there (C text)."""
+        def parts(idx: Sequence, val: str) -> tuple[list[str], str]:
             if end is a:
                 return [], val
             tmp = names("e")
-            stmts: list[str] = [f"const float {tmp} = {val};"]
-            gen.bound[a] = tmp
+            gen.gen.bound[a] = Var(tmp, "float32")
             try:
-                with gen.own_memo():
-                    expr = gen.compute(end, list(idx), stmts)
+                stmts, expr = gen.parts(end, idx, compute=True)
             finally:
-                del gen.bound[a]
-            return stmts, expr
+                del gen.gen.bound[a]
+            return [f"const float {tmp} = {val};", *stmts], expr
         return parts
 
     @staticmethod
-    def _gate(g: ir.Value, gen: ExprGen) -> Callable[[str, str], str]:
-        """The C expression of factor ``g`` (rank <= 4, one value per image or for all, and per channel) of image
-        n's channel c."""
+    def _gate(g: ir.Value, gen: CElements) -> Callable[[Expr, Expr], tuple[list[Let], Expr]]:
+        """The element expression (locals, value) of factor ``g`` (rank <= 4, one value per image or for all, and per
+        channel) of image n's channel c."""
         shape = value_shape(g)
 
-        def at(n: str, c: str) -> str:
-            full = [n, c, "0", "0"][4 - len(shape):]
-            idx = ["0" if d == 1 else i for d, i in zip(shape, full, strict=True)]
-            stmts: list[str] = []
-            with gen.own_memo():
-                expr = gen.at(g, idx, stmts)
-            return _statement_expr(stmts, expr)
+        def at(n: Expr, c: Expr) -> tuple[list[Let], Expr]:
+            full = [n, c, Const(0), Const(0)][4 - len(shape):]
+            idx = [Const(0) if d == 1 else i for d, i in zip(shape, full, strict=True)]
+            lets: list[Let] = []
+            with gen.gen.own_memo():
+                value = gen.gen.at(g, idx, lets)
+            return lets, value
         return at
 
-    def template(self, step: Step, gen: ExprGen, names: Names) -> str:
+    def template(self, step: Step, gen: CElements, names: Names) -> str:
         node = step.anchor
         end = step.outputs[0]
         a = node.outputs[0]
-        dst = gen.buffers[end]
+        dst = gen.refs[end]
         operands = self.operands(node, gen)
         shape = value_shape(a)
         if dst.dtype == "float32" and dst.shape == shape and (dst.contiguous or step.channels_last):
@@ -246,11 +247,10 @@ class _KernelGen:
         def store(idx, val):
             idx = [str(i) for i in idx]
             at = dst.at(idx)
-            if len(idx) == 5:  # (image, channel block, channel in it, row, column) of a channel-blocked destination
-                idx = [idx[0], split_channel(idx[1], idx[2], dst.block), *idx[3:]]
             if end is a:
                 return f"{at} = {val};"
-            stmts, expr = parts(idx, val)
+            # (image, channel block, channel in it, row, column) of a channel-blocked destination: the channel a Lane
+            stmts, expr = parts(blocked_index(idx, dst.block) if len(idx) == 5 else idx, val)
             return "{ " + " ".join(stmts) + f" {at} = {expr}; }}"
 
         producer = None
@@ -270,12 +270,13 @@ class _KernelGen:
         scale = None
         if step.input_scale is not None:  # a per-channel Mul folded into this Conv (``schedule.chscale``)
             xv, gv, _ = scale_operands(self.p, step.input_scale)
-            operands[0] = Operand.of(gen.buffers[xv])
-            scale = InputScale(self._gate(gv, gen), *value_shape(xv)[:2])
+            operands[0] = Operand.of(gen.refs[xv])
+            scale = InputScale(self._gate(gv, gen), *value_shape(xv)[:2], bufs=tuple(gen.gen.bufs.values()),
+                               ptrs=gen.ptrs)
         ws = self.ref(step.workspace) if step.workspace is not None else None
         # the epilogue per block of channels where its destination or another tensor it reads is stored in blocks
-        blocks = {gen.buffers[v].block for n in step.nodes if n is not node for v in n.inputs
-                  if v is not None and v in gen.buffers} | {dst.block}
+        blocks = {gen.refs[v].block for n in step.nodes if n is not node for v in n.inputs
+                  if v is not None and v in gen.refs} | {dst.block}
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
                             lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro,
                             producer=producer, input_scale=scale, epilogue_block=max(blocks))
@@ -287,7 +288,7 @@ class _KernelGen:
 FLT_MAX = float(np.finfo(np.float32).max)
 
 
-def _bias_post(step: Step, gen: ExprGen) -> tuple[str, float | None, float | None] | None:
+def _bias_post(step: Step, gen: CElements) -> tuple[str, float | None, float | None] | None:
     """The fused chain of a producer step (its anchor, then at most one float32 Relu or Clip with constant bounds
     reading the anchor's result) as an in-register epilogue (``Producer.post``), else None. An absent Clip bound
     is the float32 extreme, as the chain's C has it."""
@@ -310,7 +311,7 @@ def _bias_post(step: Step, gen: ExprGen) -> tuple[str, float | None, float | Non
         v = n.inputs[i + 1] if len(n.inputs) > i + 1 else None
         attr = n.attributes.get(name)
         if v is not None:
-            c = gen.const_of(v)
+            c = gen.gen.const_of(v)
             if c is None or c.size != 1:
                 return None
             bounds.append(float(np.float32(c.reshape(()))))
@@ -354,9 +355,9 @@ def _memory_order(dst: TensorRef) -> tuple[int, ...] | None:
 TRANSPOSE_TILE = 16  # elements per side of a transposing loop step's tiles (16 floats: one cache line)
 
 
-def _inlined(v: ir.Value, gen: ExprGen) -> list[ir.Node]:
+def _inlined(v: ir.Value, gen: CElements) -> list[ir.Node]:
     """The nodes a loop step's element expression of ``v`` computes (its producer, and theirs up to buffers)."""
-    return inlined_nodes(v, lambda i: i in gen.buffers or gen.const_of(i) is not None)
+    return inlined_nodes(v, lambda i: i in gen.refs or gen.gen.const_of(i) is not None)
 
 
 def _transpose_tile(nodes: list[ir.Node], shape: tuple[int, ...]) -> tuple[int, int, bool] | None:

@@ -2,7 +2,7 @@
 auto-vectorizes when it is inlined in a loop (libm's expf/erff/tanh calls keep a loop scalar).
 
 What goes in: nothing at run time; ``C_TEXT`` is C source (``static inline``, always inlined) that every
-generated file's prelude holds (registered as a C helper by ``dlcc.codegen.expr``, ahead of the helpers
+generated file's prelude holds (registered as a C helper by ``dlcc.codegen.scalar_c``, ahead of the helpers
 that call it). It needs <stdint.h>, <string.h> (memcpy for the bit casts) and <math.h> (INFINITY, NAN).
 What comes out: ``dlcc_expf``, ``dlcc_expm1f``, ``dlcc_logf``, ``dlcc_log1pf``, ``dlcc_erff``,
 ``dlcc_tanhf``, ``dlcc_sigmoidf``: float -> float, IEEE special values as libm gives them (NaN in ->
@@ -48,7 +48,7 @@ SSE2 without FMA, and aarch64 under qemu): exp 0.78 (subnormal results near -87.
 1.20 and 1.10 on the coarser sweep of the test since its exp is dlcc_vm_expneg),
 tanh 1.02 (near 0.77), sigmoid 1.16 (near -5.15). tests/codegen/test_vmath.py holds them to 2 ulp.
 
-``dlcc_siluf`` is SiLU (x * sigmoid(x), which ``codegen.expr`` emits as this one call): x / (1 + exp(-x))
+``dlcc_siluf`` is SiLU (x * sigmoid(x), which ``lower.element`` emits as this one call): x / (1 + exp(-x))
 from one reduction of -x with the numerator scaled exactly and the denominator rounded once; within 2 ulp
 for x >= -87.3 (every float32: 1.71 ulp near -46.8 with AVX-512, 1.70 with AVX2, 1.69 on SSE2 without FMA,
 every 3rd float for the last two), -0 below (the exact result is above -1.1e-36 there), at 0.18 ns per
@@ -57,7 +57,7 @@ x * dlcc_sigmoidf(x), whose error reaches 2.35 ulp (near -1.91) and 47 ulp below
 loop over 4096 floats in L1).
 
 ``dlcc_erf1pf`` and ``dlcc_tanh1pf`` are 1 + erf(x) and 1 + tanh(x), GELU's factor in its two exported forms
-(``codegen.expr`` emits them for Add(Erf(x), 1), Add(Tanh(x), 1) and the Gelu op). The sum with 1 keeps only the
+(``lower.element`` emits them for Add(Erf(x), 1), Add(Tanh(x), 1) and the Gelu op). The sum with 1 keeps only the
 function's absolute accuracy, so each is one rational x P(x^2) / Q(x^2) (erf: degrees 4 and 6 in x^2 on |x| <=
 3.92; tanh: 3 and 5 on |x| <= 9; fitted as the others, on 20000 points, Q > 0 there) on the clamped argument,
 with no exp and no second range: absolute error below 3.6e-7 (test_vmath.py holds it to 4e-7, and to 4 ulp of

@@ -1,14 +1,16 @@
 """Loop-level kernel IR: loop nests over buffers with layouts, vector accesses, scoped allocations and calls
 to named micro-kernels. The level between a kernel's algorithm and its C.
 
-What goes in: built by a kernel's schedule (``dlcc.schedule.gemm``, ``dwconv``, ``reduce``) with the constructors
-below; the schedule transformations (``dlcc.schedule.transform``: split, reorder, tile, parallelize, mark)
+What goes in: built by a kernel's schedule (``dlcc.schedule.gemm``, ``dwconv``, ``reduce``) and the element
+expressions of elementwise and injective ops (``dlcc.lower.element``) with the constructors below; the schedule
+transformations (``dlcc.schedule.transform``: split, reorder, tile, parallelize, mark)
 rewrite it.
 What comes out: a ``Func`` that ``print_func`` lists, ``verify_func`` checks, ``run_func`` interprets with
 numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
 
     Func(name, params, body, workspace)
-      params     Buf(scope="global"): the buffers the kernel reads and writes (C pointers)
+      params     Buf(scope="global"): the buffers the kernel reads and writes (C pointers); a Buf of scope
+                 "const" is a table of constants (its ``data``), declared where it is read
       workspace  Buf(scope="workspace" | "thread_workspace"): scratch the kernel declares before memory
                  planning (the arena holds it; per thread: one copy per thread of the pool)
       body       statements:
@@ -16,6 +18,7 @@ numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
         Store(buf, index, value, lanes)     lanes > 1: a vector store of consecutive elements of the last axis
         If(cond, then, else_)
         Alloc(buf, body)                    buf.scope: register | stack | workspace | thread_workspace
+        Let(var, value)                     a local (``var``: a Var of any scalar dtype) for the statements after it
         Micro(name, args)                   a named micro-kernel (``MICRO``) with a stated contract
         Epilogue(index, value)              hands element ``index`` of the kernel's result to the fused
                                             epilogue (bias, activation, residual add, the final store)
@@ -24,13 +27,19 @@ numpy (slowly, for tests) and ``dlcc.codegen.lir_c`` prints as C.
                                             applied, stored at ``dest`` (the kernel's own scratch)
       expressions: Var, Const, Bin(op, a, b), Load(buf, index, lanes), Bcast(value, lanes), Select(cond, a, b),
                    Ptr(buf, index),
-        Call(fn, args)                      a float32 math function of ``CALLS`` (exp, log, sqrt, pow, abs...)
-        Cast(value, dtype)                  a scalar converted to float32, float64 or int64
+        Call(fn, args, out)                 a scalar function of ``CALLS``: float32 math (exp, log, sqrt...) and the
+                                            functions of ``dlcc.lower.scalar`` (activations, integer helpers,
+                                            conversions, index maps, an eager ``select``); dtype ``out`` or the
+                                            first argument's
+        Cast(value, dtype)                  a scalar converted between the dtypes below
+        Lane(block, lane, size)             channel ``block * size + lane`` (``lane`` below ``size``): a layout in
+                                            blocks of ``size`` addresses it as (block, lane), without a division
         In(k, index, shape, dtype)          element ``index`` of the kernel's opaque input ``k``: a fused producer's
                                             value computed where it is read (the symmetric of Epilogue)
 
-Types: int64 (indices, 0/1 conditions), float32, float64 (scalars only). Bin's arithmetic keeps its operands'
-dtype; a comparison (``<``, ``<=``, ``==``, ``!=``, on ints or floats) is an int64 0/1.
+Types: int64 (indices, 0/1 conditions), float32, float64 (scalars only), and the stored element types int32, int8,
+uint8, bool (loads, stores, constants, casts, integer arithmetic, which wraps as C stores it). Bin's arithmetic
+keeps its operands' dtype; a comparison (``<``, ``<=``, ``==``, ``!=``, ``&&``, ``||``) is an int64 0/1.
 
 Buffers hold scalars (a register or stack buffer of rank 0 is one scalar: a C local); a vector access reads or
 writes ``lanes`` consecutive elements along the last logical axis, which the layout must keep contiguous. A
@@ -38,13 +47,13 @@ writes ``lanes`` consecutive elements along the last logical axis, which the lay
 over its physical dims, so a permutation, strides, channel blocking (NCHWc: the channel axis appears twice,
 ``c // 16`` and ``c % 16``) and a zero padding ring (a larger physical extent, an offset) are all one form.
 
-Invariants (``verify_func``): every variable is bound by an enclosing loop; every buffer is a parameter, an
-enclosing allocation or declared workspace; indices are int64 and every access (vector lanes and micro-kernel
-footprints included) stays inside its buffer for every value of the loop variables; stored values have the
-buffer's dtype; calls and casts are scalars of the dtypes above, opaque inputs scalars of those or of the
-other stored element types (int32, int8, uint8, bool); the iterations of a parallel loop
-write disjoint element ranges of every buffer allocated outside it, and hand disjoint boxes of indices to the
-epilogue.
+Invariants (``verify_func``): every variable is bound by an enclosing loop or a let; every buffer is a parameter,
+an enclosing allocation, declared workspace or a constant table; indices are int64 and every access (vector lanes
+and micro-kernel footprints included) stays inside its buffer for every value of the loop variables (an index
+read from data only through an index function of ``dlcc.lower.scalar``, which bounds it, e.g. ``clamp_idx``);
+stored values have the buffer's dtype; calls, casts and opaque inputs are scalars of the dtypes above; the
+iterations of a parallel loop write disjoint element ranges of every buffer allocated outside it, and hand disjoint
+boxes of indices to the epilogue.
 """
 
 from __future__ import annotations
@@ -56,25 +65,29 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dlcc.errors import PassError
+from dlcc.lower.scalar import INDEX_FUNCTIONS, SCALAR_FUNCTIONS
 
 __all__ = ["CALLS", "Alloc", "Bcast", "Bin", "Buf", "Call", "Cast", "Const", "Epilogue", "Expr", "For", "Func", "If",
-           "In", "Layout", "Load", "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var",
+           "In", "Lane", "Layout", "Let", "Load", "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var",
            "print_func", "run_func", "verify_func"]
 
-SCOPES = ("global", "register", "stack", "workspace", "thread_workspace")
+SCOPES = ("global", "register", "stack", "workspace", "thread_workspace", "const")
 KINDS = ("serial", "parallel", "vectorized", "unrolled")
 PRIVATE = ("register", "stack")  # allocated inside a parallel loop's body (its task): each thread has its own
-INT_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&")
+INT_OPS = ("+", "-", "*", "//", "%", "min", "max", "<", "<=", "==", "!=", "&&", "||")
 FLOAT_OPS = ("+", "-", "*", "/", "min", "max", "<", "<=", "==", "!=")
-COMPARISONS = ("<", "<=", "==", "!=", "&&")
+COMPARISONS = ("<", "<=", "==", "!=", "&&", "||")
 DTYPES = ("int64", "float32", "float64")
-STORED = ("int32", "int8", "uint8", "bool")  # further element types of tensors (an opaque input may have them)
+STORED = ("int32", "int8", "uint8", "bool")  # further element types of tensors (loads, stores, casts, constants)
+NUMERIC = (*DTYPES, *STORED)
+INTS = ("int64", "int32", "int8", "uint8", "bool")
 
 # Call(fn, args): the float32 math functions (their C forms are codegen's: dlcc.codegen.vmath where it has them)
 CALLS: dict[str, tuple[int, Callable]] = {
     "exp": (1, np.exp), "expm1": (1, np.expm1), "log": (1, np.log), "log1p": (1, np.log1p), "tanh": (1, np.tanh),
-    "expneg": (1, lambda x: np.where(x < -87.33, 0.0, np.exp(x))),  # (a softmax's x - max: no subnormals)
-    "sigmoid": (1, lambda x: 1 / (1 + np.exp(-x))), "sqrt": (1, np.sqrt), "abs": (1, np.abs), "pow": (2, np.power),
+    "expneg": (1, lambda x: np.where(x < -87.33, 0.0, np.exp(x))),  # x <= 0 (a softmax's x - max): no subnormals
+    "sigmoid": (1, lambda x: 1 / (1 + np.exp(-x))), "sqrt": (1, np.sqrt), "abs": (1, np.abs),
+    "pow": SCALAR_FUNCTIONS["fpow"], **SCALAR_FUNCTIONS,
 }
 
 
@@ -122,12 +135,7 @@ class Layout:
             raise PassError(f"loop IR: {len(index)} indices for a rank-{len(self.shape)} layout")
         total: Expr = Const(self.offset)
         for axis, div, ext, stride in self.dims:
-            i = index[axis]
-            if div != 1:
-                i = Bin("//", i, Const(div))
-            if ext * div < self.shape[axis]:
-                i = Bin("%", i, Const(ext))
-            total = total + i * Const(stride)
+            total = total + _address_index(index[axis], div, ext, self.shape[axis]) * Const(stride)
         return simplify(total)
 
     def vector_ok(self, lanes: int) -> bool:
@@ -178,7 +186,9 @@ def _e(x) -> Expr:
 
 @dataclass(frozen=True, eq=True)
 class Var(Expr):
+    """A loop variable (int64), or a local a ``Let`` binds (any scalar dtype)."""
     name: str
+    dtype: str = "int64"
 
 
 @dataclass(frozen=True, eq=True)
@@ -251,13 +261,24 @@ class Ptr(Expr):
 
 @dataclass(frozen=True, eq=True)
 class Call(Expr):
-    """``fn(*args)``, a float32 function of ``CALLS``."""
+    """``fn(*args)``, a scalar function of ``CALLS``; its dtype ``out``, or its first argument's."""
     fn: str
     args: tuple[Expr, ...]
+    out: str = ""
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return self.args[0].dtype
+        return self.out or self.args[0].dtype
+
+
+@dataclass(frozen=True, eq=True)
+class Lane(Expr):
+    """Channel ``block * size + lane`` (int64) of a kernel that runs over whole channel blocks, ``lane`` in
+    ``[0, size)`` (the verifier checks it): a layout in blocks of ``size`` addresses it as (block, lane), with no
+    division."""
+    block: Expr
+    lane: Expr
+    size: int
 
 
 @dataclass(frozen=True, eq=True)
@@ -275,6 +296,19 @@ class In(Expr):
     index: tuple[Expr, ...]
     shape: tuple[int, ...]
     dtype: str = "float32"
+
+
+def _address_index(i: Expr, div: int, ext: int, axis_len: int) -> Expr:
+    """Physical index of logical index ``i`` along a physical dim (``div``, ``ext``) of an axis of ``axis_len``."""
+    if isinstance(i, Lane) and i.size == div:
+        i = i.block
+    elif isinstance(i, Lane) and div == 1 and ext == i.size:
+        return i.lane
+    elif div != 1:
+        i = Bin("//", i, Const(div))
+    if ext * div < axis_len:
+        i = Bin("%", i, Const(ext))
+    return i
 
 
 def simplify(e: Expr) -> Expr:
@@ -302,7 +336,16 @@ def simplify(e: Expr) -> Expr:
 def _int_op(op: str, a: int, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0, "%": a % b if b else 0,
             "min": min(a, b), "max": max(a, b), "<": int(a < b), "<=": int(a <= b), "==": int(a == b),
-            "!=": int(a != b), "&&": int(bool(a) and bool(b))}[op]
+            "!=": int(a != b), "&&": int(bool(a) and bool(b)), "||": int(bool(a) or bool(b))}[op]
+
+
+def _wrap(v: int, dtype: str) -> int:
+    """``v`` converted to integer ``dtype`` as C stores it (two's complement wrap-around; bool: 0/1 as stored)."""
+    if dtype == "bool":
+        return int(v != 0)
+    bits = np.iinfo(np.dtype(dtype)).bits
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if np.iinfo(np.dtype(dtype)).min < 0 and v >= 1 << (bits - 1) else v
 
 
 # -------------------------------------------------------------------------------------- buffers, statements
@@ -313,10 +356,19 @@ class Buf:
     layout: Layout
     scope: str = "global"
     vector: int = 1  # register/stack buffers accessed as vectors: C keeps them as arrays of `vector`-lane vectors
+    data: tuple = ()  # scope "const": a table of constants (its elements, in layout order)
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
             raise PassError(f"loop IR: unknown scope {self.scope}")
+        if (self.scope == "const") != bool(self.data) or self.data and len(self.data) != self.layout.span:
+            raise PassError(f"loop IR: buffer {self.name}: a const buffer holds exactly its elements, no other does")
+
+    @staticmethod
+    def table(name: str, values: Sequence, dtype: str) -> Buf:
+        """A one-dimensional table of constants."""
+        t = np.dtype(dtype).type
+        return Buf(name, dtype, Layout.strided((len(values),)), "const", data=tuple(t(v).item() for v in values))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -363,6 +415,13 @@ class If(Stmt):
 class Alloc(Stmt):
     buf: Buf
     body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Let(Stmt):
+    """``var`` (a Var of any scalar dtype) holds ``value`` in the statements after this one in its body."""
+    var: Var
+    value: Expr
 
 
 @dataclass(frozen=True)
@@ -425,7 +484,9 @@ def _pe(e: Expr) -> str:
     if isinstance(e, Ptr):
         return f"&{e.buf.name}[{', '.join(_pe(i) for i in e.index)}]"
     if isinstance(e, Call):
-        return f"{e.fn}({', '.join(_pe(a) for a in e.args)})"
+        return f"{e.fn}({', '.join(_pe(a) for a in e.args)}){':' + e.out if e.out else ''}"
+    if isinstance(e, Lane):
+        return f"lane<{e.size}>({_pe(e.block)}, {_pe(e.lane)})"
     if isinstance(e, Cast):
         return f"{e.dtype}({_pe(e.value)})"
     if isinstance(e, In):
@@ -435,6 +496,9 @@ def _pe(e: Expr) -> str:
 
 def _pbuf(b: Buf) -> str:
     lay = "" if b.layout == Layout.strided(b.shape) else f" layout{list(b.layout.dims)}+{b.layout.offset}"
+    if b.scope == "const":
+        vals = ", ".join(repr(v) for v in b.data[:8])
+        return f"{b.name}: {b.dtype}{list(b.shape)} const {{{vals}{', ...' if len(b.data) > 8 else ''}}}"
     vec = f" vector<{b.vector}>" if b.vector > 1 else ""
     return f"{b.name}: {b.dtype}{list(b.shape)} {b.scope}{lay}{vec}"
 
@@ -460,6 +524,8 @@ def _pstmts(body: Sequence[Stmt], depth: int, out: list[str]) -> None:
             _pstmts(s.body, depth + 1, out)
         elif isinstance(s, Micro):
             out.append(f"{pad}micro {s.name}({', '.join(_pe(a) for a in s.args)})")
+        elif isinstance(s, Let):
+            out.append(f"{pad}let {s.var.name}: {s.var.dtype} = {_pe(s.value)}")
         elif isinstance(s, Epilogue):
             to = f" -> {_pe(s.dest)}" if s.dest is not None else ""
             out.append(f"{pad}epilogue{'(producer)' if to else ''}[{', '.join(_pe(i) for i in s.index)}] <- "
@@ -486,8 +552,18 @@ def interval(e: Expr, env: dict[str, Interval]) -> Interval:
         return int(e.value), int(e.value)
     if isinstance(e, Var):
         if e.name not in env:
-            raise PassError(f"loop IR: variable {e.name} is not bound by an enclosing loop")
+            raise PassError(f"loop IR: variable {e.name} is not bound by an enclosing loop or a let")
         return env[e.name]
+    if isinstance(e, Lane):
+        (bl, bh), (ll, lh) = interval(e.block, env), interval(e.lane, env)
+        return bl * e.size + ll, bh * e.size + lh
+    if isinstance(e, Call) and e.fn in INDEX_FUNCTIONS:
+        return INDEX_FUNCTIONS[e.fn]([_any_interval(a, env) for a in e.args])
+    if isinstance(e, Load) and e.buf.scope == "const" and e.buf.dtype in INTS:
+        return int(min(e.buf.data)), int(max(e.buf.data))
+    if isinstance(e, Select):
+        (al, ah), (bl, bh) = interval(e.a, env), interval(e.b, env)
+        return min(al, bl), max(ah, bh)
     if isinstance(e, Bin):
         if e.a.dtype != "int64":
             return 0, 1  # a comparison of floats
@@ -524,6 +600,17 @@ def interval(e: Expr, env: dict[str, Interval]) -> Interval:
             return (0, 0) if al == ah == bl == bh else (1, 1) if ah < bl or bh < al else (0, 1)
         return 0, 1
     raise PassError(f"loop IR: {_pe(e)} is not an index expression")
+
+
+UNBOUNDED = (-(2**62), 2**62)
+
+
+def _any_interval(e: Expr, env: dict[str, Interval]) -> Interval:
+    """Bounds of an int64 expression, unbounded where it is no index expression (a value loaded from data)."""
+    try:
+        return interval(e, env)
+    except PassError:
+        return UNBOUNDED
 
 
 def _loop_env(s: For, env: dict[str, Interval]) -> Interval | None:
@@ -592,6 +679,9 @@ def _vars(e: Expr, out: set[str]) -> None:
     elif isinstance(e, Bin):
         _vars(e.a, out)
         _vars(e.b, out)
+    elif isinstance(e, Lane):
+        _vars(e.block, out)
+        _vars(e.lane, out)
 
 
 def _controlling(body: Sequence[Stmt], out: set[str]) -> set[str]:
@@ -625,6 +715,7 @@ class _Verifier:
         self.bufs: dict[str, Buf] = {b.name: b for b in f.params}
         self.declared = {b.name: b for b in f.workspace}
         self.writes: list[_Writes] = []
+        self.lets: dict[str, str] = {}  # the locals bound so far (names are unique in a function): their dtypes
 
     def fail(self, msg: str) -> None:
         raise PassError(f"loop IR {self.f.name}: {msg}")
@@ -633,6 +724,10 @@ class _Verifier:
         raise _OutOfBounds(f"loop IR {self.f.name}: {msg}")
 
     def buf(self, b: Buf) -> None:
+        if b.scope == "const":  # a table: its own declaration
+            if self.bufs.setdefault(b.name, b) != b:
+                self.fail(f"const buffer {b.name} is declared twice with different contents")
+            return
         if self.bufs.get(b.name) != b:
             self.fail(f"buffer {b.name} is not a parameter, an enclosing allocation or declared workspace")
 
@@ -664,14 +759,26 @@ class _Verifier:
                 w.add(b.name, lo, hi + lanes - 1, box)
 
     def expr(self, e: Expr, env) -> None:
-        if isinstance(e, (Var, Const)):
-            interval(e, env) if isinstance(e, Var) else None
+        if isinstance(e, Var):
+            if e.dtype == "int64":
+                interval(e, env)
+            elif self.lets.get(e.name) != e.dtype:
+                self.fail(f"variable {e.name} of {e.dtype} is not bound by a let")
+        elif isinstance(e, Const):
+            if e.dtype not in NUMERIC:
+                self.fail(f"constant of dtype {e.dtype}")
+        elif isinstance(e, Lane):
+            self.expr(e.block, env)
+            self.expr(e.lane, env)
+            lo, hi = interval(e.lane, env)
+            if lo < 0 or hi >= e.size:
+                self.fail_bounds(f"{_pe(e)}: the lane spans [{lo}, {hi}] outside [0, {e.size - 1}]")
         elif isinstance(e, Bin):
             self.expr(e.a, env)
             self.expr(e.b, env)
             if e.a.dtype != e.b.dtype:
                 self.fail(f"{_pe(e)} mixes {e.a.dtype} and {e.b.dtype}")
-            if e.op not in (INT_OPS if e.a.dtype == "int64" else FLOAT_OPS):
+            if e.op not in (INT_OPS if e.a.dtype in INTS else FLOAT_OPS):
                 self.fail(f"operator {e.op} on {e.a.dtype}")
             if 1 not in (e.a.lanes, e.b.lanes) and e.a.lanes != e.b.lanes:
                 self.fail(f"{_pe(e)} mixes {e.a.lanes} and {e.b.lanes} lanes")
@@ -682,7 +789,7 @@ class _Verifier:
         elif isinstance(e, Select):
             for x in (e.cond, e.a, e.b):
                 self.expr(x, env)
-            if e.cond.dtype != "int64" or e.a.dtype != e.b.dtype:
+            if e.cond.dtype not in INTS or e.a.dtype != e.b.dtype:
                 self.fail(f"{_pe(e)}: the condition must be int64 and both values of one dtype")
         elif isinstance(e, Ptr):
             self.access(e.buf, e.index, 1, env, False)
@@ -691,12 +798,14 @@ class _Verifier:
                 self.fail(f"{_pe(e)}: unknown function or wrong number of arguments")
             for a in e.args:
                 self.expr(a, env)
-                if a.dtype != "float32" or a.lanes != 1:
-                    self.fail(f"{_pe(e)}: the arguments must be float32 scalars")
+                if a.dtype not in NUMERIC or a.lanes != 1:
+                    self.fail(f"{_pe(e)}: the arguments must be scalars")
+            if e.dtype not in NUMERIC:
+                self.fail(f"{_pe(e)}: result of dtype {e.dtype}")
         elif isinstance(e, Cast):
             self.expr(e.value, env)
-            if e.dtype not in DTYPES or e.value.dtype not in DTYPES or e.value.lanes != 1:
-                self.fail(f"{_pe(e)}: a cast converts a scalar between {', '.join(DTYPES)}")
+            if e.dtype not in NUMERIC or e.value.dtype not in NUMERIC or e.value.lanes != 1:
+                self.fail(f"{_pe(e)}: a cast converts a scalar between {', '.join(NUMERIC)}")
         elif isinstance(e, In):
             self.index(f"in{e.k}", e.shape, e.index, 1, env)
             if e.dtype not in (*DTYPES, *STORED):
@@ -736,6 +845,15 @@ class _Verifier:
                         w.flat, w.box = flat, box
                     for v in range(rng[0], rng[1] + 1):
                         self.stmts(s.body, {**env, s.var.name: (v, v)})
+            elif isinstance(s, Let):
+                self.expr(s.value, env)
+                if s.var.dtype != s.value.dtype or s.value.lanes != 1:
+                    self.fail(f"let {s.var.name}: {s.var.dtype} bound to a {s.value.dtype} value")
+                if s.var.name in env or self.lets.get(s.var.name, s.var.dtype) != s.var.dtype:
+                    self.fail(f"let {s.var.name} shadows a variable")
+                self.lets[s.var.name] = s.var.dtype
+                if s.var.dtype == "int64":
+                    env = {**env, s.var.name: _any_interval(s.value, env)}
             elif isinstance(s, Store):
                 self.expr(s.value, env)
                 if s.value.dtype != s.buf.dtype:
@@ -881,10 +999,13 @@ class _Interp:
             return e.value if e.dtype == "int64" else np.dtype(e.dtype).type(e.value)
         if isinstance(e, Var):
             return env[e.name]
+        if isinstance(e, Lane):
+            return int(self.ev(e.block, env)) * e.size + int(self.ev(e.lane, env))
         if isinstance(e, Bin):
             a, b = self.ev(e.a, env), self.ev(e.b, env)
-            if e.a.dtype == "int64":
-                return _int_op(e.op, int(a), int(b))
+            if e.a.dtype in INTS:  # (C: computed in int or wider, stored back with wrap-around)
+                r = _int_op(e.op, int(a), int(b))
+                return r if e.dtype == "int64" else _wrap(r, e.dtype)
             if e.op in COMPARISONS:
                 return int({"<": a < b, "<=": a <= b, "==": a == b, "!=": a != b}[e.op])
             f = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "min": np.minimum,
@@ -892,10 +1013,13 @@ class _Interp:
             t = np.dtype(e.dtype).type
             return t(f(a, b)) if e.lanes == 1 else f(a, b).astype(t)
         if isinstance(e, Call):
-            return np.float32(CALLS[e.fn][1](*(self.ev(a, env) for a in e.args)))
+            v = CALLS[e.fn][1](*(self.ev(a, env) for a in e.args))
+            return int(v) if e.dtype == "int64" else np.dtype(e.dtype).type(v)
         if isinstance(e, Cast):
             v = self.ev(e.value, env)
-            return int(v) if e.dtype == "int64" else np.dtype(e.dtype).type(v)
+            if e.dtype in INTS:
+                return _wrap(int(v), e.dtype) if e.dtype != "bool" else int(v != 0)
+            return np.dtype(e.dtype).type(v)
         if isinstance(e, In):
             idx = tuple(int(self.ev(i, env)) for i in e.index)
             src = self.inputs[e.k]
@@ -903,6 +1027,8 @@ class _Interp:
             return int(v) if e.dtype == "int64" else np.dtype(e.dtype).type(v)
         if isinstance(e, Load):
             addr = self.addrs(e.buf, e.index, e.lanes, env)
+            if e.buf.scope == "const" and e.buf.name not in self.mem:
+                self.mem[e.buf.name] = np.array(e.buf.data, dtype=e.buf.dtype)
             vals = self.mem[e.buf.name][addr]
             return vals[0] if e.lanes == 1 else vals.copy()
         if isinstance(e, Bcast):
@@ -924,7 +1050,9 @@ class _Interp:
 
     def run(self, body: Sequence[Stmt], env: dict[str, int]) -> None:
         for s in body:
-            if isinstance(s, For):
+            if isinstance(s, Let):
+                env = {**env, s.var.name: self.ev(s.value, env)}
+            elif isinstance(s, For):
                 for i in range(int(self.ev(s.start, env)), int(self.ev(s.stop, env))):
                     self.run(s.body, {**env, s.var.name: i})
             elif isinstance(s, Store):
@@ -971,6 +1099,8 @@ def run_func(f: Func, arrays: dict[str, np.ndarray], epilogue=None, inputs=None,
 def _subst(e: Expr, var: str, new: Expr) -> Expr:
     if isinstance(e, Var):
         return new if e.name == var else e
+    if isinstance(e, Lane):
+        return Lane(_subst(e.block, var, new), _subst(e.lane, var, new), e.size)
     if isinstance(e, Bin):
         return Bin(e.op, _subst(e.a, var, new), _subst(e.b, var, new))
     if isinstance(e, Load):
@@ -982,7 +1112,7 @@ def _subst(e: Expr, var: str, new: Expr) -> Expr:
     if isinstance(e, Ptr):
         return Ptr(e.buf, tuple(_subst(i, var, new) for i in e.index))
     if isinstance(e, Call):
-        return Call(e.fn, tuple(_subst(a, var, new) for a in e.args))
+        return Call(e.fn, tuple(_subst(a, var, new) for a in e.args), e.out)
     if isinstance(e, Cast):
         return Cast(_subst(e.value, var, new), e.dtype)
     if isinstance(e, In):
@@ -999,6 +1129,8 @@ def subst_stmts(body: Sequence[Stmt], var: str, new: Expr) -> tuple[Stmt, ...]:
                                body=subst_stmts(s.body, var, new)))
         elif isinstance(s, Store):
             out.append(Store(s.buf, tuple(_subst(i, var, new) for i in s.index), _subst(s.value, var, new), s.lanes))
+        elif isinstance(s, Let):
+            out.append(Let(s.var, _subst(s.value, var, new)))
         elif isinstance(s, If):
             out.append(If(_subst(s.cond, var, new), subst_stmts(s.then, var, new), subst_stmts(s.else_, var, new)))
         elif isinstance(s, Alloc):

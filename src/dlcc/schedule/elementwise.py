@@ -3,8 +3,8 @@ computed once, in row-major order.
 
 What goes in: the destination's shape and dtype, the threads the step is worth. What comes out: a loop-IR
 ``Func`` (``map_func``) that hands ``In(0, index)`` to the epilogue for every index: the opaque input is
-the element the kernel's expression generator computes there (``dlcc.codegen.expr``: the group's fused
-elementwise and injective ops inlined into one expression, or a plain load for a copy), the epilogue the
+the element the kernel computes there (``fill_map`` puts it in: ``dlcc.lower.element``'s expression of the group's
+fused elementwise and injective ops, or a plain load for a copy), the epilogue the
 store into the destination. Dims of one element get no loop. Threads: the first dim of more than one
 element is split into at most 4 x threads contiguous ranges (a parallel loop over the ranges), each range
 writing its own slice of the destination. ``tile`` (a transposing step: the destination axis ``a`` that is the
@@ -17,15 +17,16 @@ the source's last axis, the writes then a destination row apart). ConvNeXt's 56 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import onnx_ir as ir
 
-from dlcc.lower.lir import Const, Epilogue, Expr, Func, In, Stmt
+from dlcc.lower.lir import Alloc, Buf, Const, Epilogue, Expr, For, Func, If, In, Let, Stmt, Store
 from dlcc.schedule.loops import nest, numbered
 from dlcc.schedule.transform import drop_unit_loops, loop_names, parallelize, reorder, split
 
-__all__ = ["inlined_nodes", "map_func"]
+__all__ = ["fill_map", "inlined_nodes", "map_func"]
 
 
 def inlined_nodes(v: ir.Value, materialized: Callable[[ir.Value], bool]) -> list[ir.Node]:
@@ -100,3 +101,26 @@ def _tiled(shape: tuple[int, ...], dtype: str, threads: int, name: str, fresh: C
     if thread:
         f = parallelize(f, names[lead], 4 * threads, thread)
     return f
+
+
+def fill_map(f: Func, dst: Buf, element: Callable[[tuple[Expr, ...]], tuple[list[Let], Expr]],
+             params: Iterable[Buf]) -> Func:
+    """``f`` (a ``map_func`` nest, transformed or not) with each ``epilogue[index] <- In(0, index)`` replaced by the
+    element's computation: ``element(index)`` -> (the locals it binds, its expression), stored into ``dst`` at
+    ``index``. ``params``: the buffers it reads and ``dst``."""
+    def visit(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+        out: list[Stmt] = []
+        for s in body:
+            if isinstance(s, Epilogue) and s.dest is None and isinstance(s.value, In):
+                lets, value = element(s.index)
+                out += [*lets, Store(dst, s.index, value)]
+            elif isinstance(s, For):
+                out.append(replace(s, body=visit(s.body)))
+            elif isinstance(s, If):
+                out.append(If(s.cond, visit(s.then), visit(s.else_)))
+            elif isinstance(s, Alloc):
+                out.append(Alloc(s.buf, visit(s.body)))
+            else:
+                out.append(s)
+        return tuple(out)
+    return Func(f.name, tuple(params), visit(f.body), f.workspace)

@@ -20,11 +20,15 @@ import onnx
 import onnx_ir as ir
 
 from dlcc.build.cc import compile_files, compiler, flags_for
-from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, loops, vector_helpers
-from dlcc.codegen.expr import ExprGen, value_dtype, value_shape
+from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, indent, vector_helpers
+from dlcc.codegen.element_c import CElements
+from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.ukernels import micro_c
+from dlcc.lower.lir import verify_func
+from dlcc.schedule.elementwise import fill_map, map_func
 from dlcc.schedule.target import NAMES, Target, get_target
 from dlcc.schedule.workspace import node_workspace_bytes
+from dlcc.util import value_dtype, value_shape
 
 __all__ = ["assert_close", "ort_output", "run_node", "runnable_targets"]
 
@@ -52,7 +56,6 @@ def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[i
     out = node.outputs[0]
     oref = TensorRef("out", value_dtype(out), value_shape(out))
     params.append(f"{oref.ctype}* restrict out")
-    gen = ExprGen(buffers, consts, names)
     packed: list[np.ndarray] = []
     ws, micro = None, ""
     if node.op_type in TEMPLATES:
@@ -78,13 +81,17 @@ def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[i
                             **({"workspace": ws} if ws is not None else {}))
         body = TEMPLATES[node.op_type](call)
         micro = "".join(micro_c(name, target.lanes) for name in sorted(call.micro))
-    else:
-        def inner(idx):
-            stmts: list[str] = []
-            gen.reset()
-            expr = gen.at(out, idx, stmts)
-            return "\n".join([*stmts, f"{oref.at(idx)} = {expr};"])
-        _, body = loops(oref.shape, names, inner)
+    else:  # an inlined op: its element expression in the loop step production builds (verified, printed)
+        gen = CElements({**buffers, out: oref}, consts, names, target.lanes)
+
+        def element(idx):
+            lets: list = []
+            return lets, gen.gen.compute(out, list(idx), lets)
+
+        f = fill_map(map_func(tuple(oref.shape), oref.dtype, 1, "node", names), gen.gen.bufs[out], element,
+                     gen.gen.bufs.values())
+        verify_func(f)
+        body, _ = print_c(f, gen.ptrs)
     params += [f"const {ctype(a.dtype)}* restrict w{k}" for k, a in enumerate(packed)]
     if ws is not None:  # the last parameter (filled with NaN: nothing may rely on its contents)
         params.append("float* restrict ws")

@@ -31,7 +31,7 @@ import onnx_ir as ir
 
 from dlcc.codegen.cbase import Names, Operand, Store, TensorRef
 from dlcc.codegen.lir_c import print_c
-from dlcc.lower.lir import Func, print_func
+from dlcc.lower.lir import Buf, Expr, Func, Let, print_func
 from dlcc.schedule.loops import PAR_MIN_FLOPS
 from dlcc.schedule.target import Target, get_target
 
@@ -55,11 +55,14 @@ class Producer:
 @dataclass
 class InputScale:
     """A factor per image and channel that a Conv's input is multiplied by before the Conv (``kir.Step.input_scale``:
-    a squeeze-and-excitation scale; the Conv's input operand is then the unscaled tensor): ``gate(n, c)`` is the C
-    expression of image n's channel c's factor, for n < ``batch``, c < ``channels``."""
-    gate: Callable[[str, str], str]
+    a squeeze-and-excitation scale; the Conv's input operand is then the unscaled tensor): ``gate(n, c)`` is the
+    element expression (the locals it binds, its value) of image n's channel c's factor, for n < ``batch``,
+    c < ``channels``, reading ``bufs`` (C pointers: ``ptrs``)."""
+    gate: Callable[[Expr, Expr], tuple[list[Let], Expr]]
     batch: int
     channels: int
+    bufs: tuple[Buf, ...] = ()
+    ptrs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

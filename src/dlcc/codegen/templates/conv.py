@@ -31,7 +31,7 @@ import numpy as np
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef, split_channel
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.matmul import _verify_packed_once
-from dlcc.lower.lir import Buf, Func, Layout, verify_func
+from dlcc.lower.lir import Buf, Cast, Const, For, Func, Layout, Store, Var, verify_func
 from dlcc.lower.micro import post_tag
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
 from dlcc.schedule.direct import (
@@ -423,12 +423,14 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     ptrs, pre = ({wsb.name: ws.base()} if ws is not None else {}), ""
     if sc is not None:  # the factors first, after the repacking's floats; the repacking multiplies by them
         scb = Buf(names("sc"), "float32", Layout.strided((sc.batch, sc.channels)))
-        at = f"({ws.base()} + {plan.workspace_floats})"
-        n, ch = names("n"), names("c")
-        pre = (f"for (int64_t {n} = 0; {n} < {sc.batch}; ++{n})\n"
-               f"    for (int64_t {ch} = 0; {ch} < {sc.channels}; ++{ch})\n"
-               f"        {at}[{n} * {sc.channels} + {ch}] = {sc.gate(n, ch)};\n")
-        ptrs[scb.name] = at
+        ptrs[scb.name] = f"({ws.base()} + {plan.workspace_floats})"
+        n, ch = Var(names("n")), Var(names("c"))
+        lets, gate = sc.gate(n, ch)
+        put = Store(scb, (n, ch), gate if gate.dtype == "float32" else Cast(gate, "float32"))
+        fill = Func("scale", (scb, *sc.bufs), (For(n, Const(0), Const(sc.batch), (
+            For(ch, Const(0), Const(sc.channels), (*lets, put)),)),))
+        verify_func(fill)
+        pre = call.emit(fill, None, {**sc.ptrs, **ptrs}) + "\n"
         kw["scale"] = scb
     f = func(plan, x, wp, cb, wsb, fresh=names, **kw)
     _verify_planned_once(func, plan, xref.shape, xref.strides, tuple(wpk.shape), ws.size if ws is not None else 1, cl,

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from dlcc.codegen.cbase import TemplateError, TensorRef, c_float
-from dlcc.codegen.expr import broadcast_index
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.gemm import (
@@ -313,7 +312,8 @@ def gemm(call: TemplateCall) -> str:
     def epilogue(bidx, i, j, v):
         val = v if alpha == 1.0 else f"{c_float(alpha)} * {v}"
         if c is not None and beta != 0.0:
-            cv = c.at(broadcast_index([i, j], c.shape))
+            tail = [i, j][2 - len(c.shape):]  # (C broadcast to the product: dims of 1 read index 0)
+            cv = c.at(["0" if d == 1 else x for x, d in zip(tail, c.shape, strict=True)])
             val = f"{val} + {cv}" if beta == 1.0 else f"{val} + {c_float(beta)} * {cv}"
         return call.store([i, j], val)
 

@@ -1,121 +1,86 @@
 """Injective ops as index maps: the element of the output at ``idx`` is an input at a remapped index.
 
-What goes in: an ``ExprGen``, the node, which output (``out_index``) and the output multi-index ``idx``
-(C int64 expressions, one per output dim). What comes out: a C expression of that element, built with
-``gen.at(input, remapped_index, stmts)``.
+What goes in: an ``ElementGen``, the node, which output (``out_index``) and the output multi-index ``idx``
+(loop-IR int64 expressions, one per output dim). What comes out: a loop-IR expression of that element, built
+with ``gen.at(input, remapped_index, lets)``.
 
-Registered in ``dlcc.codegen.expr.INDEXED`` at import: Transpose, Slice, Concat, Split, Gather,
+Registered in ``dlcc.lower.element.INDEXED`` at import: Transpose, Slice, Concat, Split, Gather,
 GatherElements, Pad, Expand, Tile, DepthToSpace, SpaceToDepth, Resize, Upsample, dlcc::ChannelShuffle,
-Reshape, Flatten, Squeeze, Unsqueeze (Identity is already an elementwise op in expr.py).
+Reshape, Flatten, Squeeze, Unsqueeze, Shape, ConstantOfShape (Identity is an elementwise op).
 
-Safety rule: a load that depends on a condition (Pad's in-range test, Concat's choice of input) is
-generated in pure-expression mode (``stmts=None``), at an index clamped into range, and evaluated
-unconditionally into a local before the C ternary chooses (``_choose``): a load inside a ternary branch
-becomes a masked load, which GCC 12 -O3 with AVX2/AVX-512 miscompiles in some loop nests. Indices read
-from data (Gather, GatherElements) are normalized for negatives and clamped,
-so a bad index never reads out of bounds. Shapes are static: index arithmetic is folded in Python where
-an index is a literal, and per-axis maps that are not affine (Resize) become static const tables.
+Safety rule: a load that depends on a condition (Pad's in-range test, Concat's choice of input) is built in
+pure-expression mode (``lets=None``), at an index clamped into range, and evaluated unconditionally before the
+choice (the scalar function ``select``, ``_choose``): a load inside a C ternary branch becomes a masked load,
+which GCC 12 -O3 with AVX2/AVX-512 miscompiles in some loop nests. Indices read from data (Gather,
+GatherElements) are normalized for negatives and clamped (``clamp_idx``), so a bad index never reads out of
+bounds, and the verifier sees every index in range. Shapes are static: index arithmetic is folded where an index is
+a constant (``lir.simplify``), and per-axis maps that are not affine (Resize) become constant tables.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import TemplateError, c_float, c_helper, c_int, c_literal, contiguous_strides, ctype
-from dlcc.codegen.expr import INDEXED, ExprGen, value_dtype, value_shape
+from dlcc.errors import TemplateError
+from dlcc.lower.element import INDEXED, ElementGen, f32, literal
+from dlcc.lower.lir import Bin, Call, Cast, Const, Expr, simplify
+from dlcc.util import value_dtype, value_shape
 
 __all__: list[str] = []
-
-c_helper("injective", r"""
-static inline int64_t dlcc_clamp_idx(int64_t j, int64_t n) {
-    j = j < 0 ? j + n : j; return j < 0 ? 0 : (j >= n ? n - 1 : j);
-}
-static inline int64_t dlcc_edge_idx(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
-static inline int64_t dlcc_wrap_idx(int64_t i, int64_t n) { int64_t r = i % n; return r < 0 ? r + n : r; }
-static inline int64_t dlcc_reflect_idx(int64_t i, int64_t n) {
-    if (n <= 1) return 0;
-    int64_t p = 2 * n - 2, r = i % p; r = r < 0 ? r + p : r; return r >= n ? p - r : r;
-}
-""")
 
 
 # ------------------------------------------------------------------------------ index arithmetic
 
-_INT = re.compile(r"\(?(-?\d+)\)?\Z")
+def _add(a: Expr, k: int) -> Expr:
+    return simplify(Bin("+", a, Const(k))) if k >= 0 else simplify(Bin("-", a, Const(-k)))
 
 
-def _lit(e: str) -> int | None:
-    m = _INT.match(e.strip())
-    return int(m.group(1)) if m else None
+def _mul(a: Expr, k: int) -> Expr:
+    return simplify(Bin("*", a, Const(k)))
 
 
-def _num(x: int) -> str:
-    return c_int(x)
-
-
-def _add(a: str, k: int) -> str:
-    v = _lit(a)
-    if v is not None:
-        return _num(v + k)
-    if k == 0:
-        return a
-    return f"({a} + {k})" if k > 0 else f"({a} - {-k})"
-
-
-def _mul(a: str, k: int) -> str:
-    v = _lit(a)
-    if v is not None:
-        return _num(v * k)
-    if k == 0:
-        return "0"
-    return a if k == 1 else f"({a})*{k}"
-
-
-def _div(a: str, k: int) -> str:
+def _div(a: Expr, k: int) -> Expr:
     """``a / k`` for ``a >= 0``, ``k > 0``."""
-    v = _lit(a)
-    if v is not None:
-        return _num(v // k)
-    return a if k == 1 else f"({a})/{k}"
+    return simplify(Bin("//", a, Const(k)))
 
 
-def _mod(a: str, k: int) -> str:
+def _mod(a: Expr, k: int) -> Expr:
     """``a % k`` for ``a >= 0``, ``k > 0``."""
-    v = _lit(a)
-    if v is not None:
-        return _num(v % k)
-    return "0" if k == 1 else f"({a})%{k}"
+    return Const(0) if k == 1 else simplify(Bin("%", a, Const(k)))
 
 
-def _sum(terms: Sequence[str]) -> str:
+def _sum(terms: Sequence[Expr]) -> Expr:
     const, parts = 0, []
     for t in terms:
-        v = _lit(t)
-        if v is not None:
-            const += v
-        elif t != "0":
+        if isinstance(t, Const):
+            const += int(t.value)
+        else:
             parts.append(t)
     if const or not parts:
-        parts.append(_num(const))
-    return parts[0] if len(parts) == 1 else "(" + " + ".join(parts) + ")"
+        parts.append(Const(const))
+    out = parts[0]
+    for p in parts[1:]:
+        out = Bin("+", out, p)
+    return out
 
 
-def _linearize(idx: Sequence[str], shape: Sequence[int]) -> str:
-    strides = contiguous_strides(shape)
-    return _sum([_mul(i, s) for i, s, d in zip(idx, strides, shape, strict=True) if d != 1])
+def _strides(shape: Sequence[int]) -> list[int]:
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))]
 
 
-def _delinearize(lin: str, shape: Sequence[int]) -> list[str]:
-    strides = contiguous_strides(shape)
-    out = []
-    for k, (s, d) in enumerate(zip(strides, shape, strict=True)):
+def _linearize(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
+    return _sum([_mul(i, s) for i, s, d in zip(idx, _strides(shape), shape, strict=True) if d != 1])
+
+
+def _delinearize(lin: Expr, shape: Sequence[int]) -> list[Expr]:
+    out: list[Expr] = []
+    for k, (s, d) in enumerate(zip(_strides(shape), shape, strict=True)):
         if d == 1:
-            out.append("0")
+            out.append(Const(0))
             continue
         e = _div(lin, s)
         if k > 0:  # the leading dim needs no modulo (the index is in range)
@@ -124,37 +89,19 @@ def _delinearize(lin: str, shape: Sequence[int]) -> list[str]:
     return out
 
 
-def _table(gen: ExprGen, values: Sequence, i: str, ctype: str = "int64_t") -> str:
-    """``values[i]`` as C: folded for a literal ``i`` or an affine table, else a static const table."""
-    vals = list(values)
-    v = _lit(i)
-    fmt = c_float if ctype == "float" else _num
-    if v is not None:
-        return fmt(vals[v])
-    if len(vals) == 1:
-        return fmt(vals[0])
-    if ctype != "float":
-        ints = [int(x) for x in vals]
-        step = ints[1] - ints[0]
-        if all(ints[k] == ints[0] + k * step for k in range(len(ints))):
-            return _add(_mul(i, step), ints[0])
-        if len(set(ints)) == 1:
-            return _num(ints[0])
-    else:
-        if len({float(x) for x in vals}) == 1:
-            return c_float(vals[0])
-    name = gen.names("tab")
-    body = ", ".join(fmt(x) for x in vals)
-    return f"({{ static const {ctype} {name}[{len(vals)}] = {{{body}}}; {name}[{i}]; }})"
+def _lt(a: Expr, k: int) -> Expr:
+    return Bin("<", a, Const(k))
 
 
-def _bind(gen: ExprGen, expr: str, ctype: str, stmts) -> str:
-    """``expr`` (index arithmetic, no loads) bound to a local in statement mode, so it is computed once."""
-    if stmts is None or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*|\(?-?[0-9.]+f?\)?", expr.strip()):
-        return expr
-    name = gen.names("r")
-    stmts.append(f"const {ctype} {name} = {expr};")
-    return name
+def _ge0(a: Expr) -> Expr:
+    return Bin("<=", Const(0), a)
+
+
+def _and(conds: Sequence[Expr]) -> Expr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = Bin("&&", out, c)
+    return out
 
 
 def _attr(node: ir.Node, name: str, default=None):
@@ -175,7 +122,7 @@ def _input(node: ir.Node, k: int) -> ir.Value | None:
     return node.inputs[k] if len(node.inputs) > k else None
 
 
-def _const_input(gen: ExprGen, node: ir.Node, k: int, what: str) -> np.ndarray | None:
+def _const_input(gen: ElementGen, node: ir.Node, k: int, what: str) -> np.ndarray | None:
     """The constant array of optional input ``k`` (None when absent); TemplateError when not constant."""
     v = _input(node, k)
     if v is None:
@@ -201,19 +148,38 @@ def _out_shape(node: ir.Node, k: int = 0) -> tuple[int, ...]:
     return value_shape(node.outputs[k])
 
 
+def _set(idx: Sequence[Expr], axis: int, value: Expr) -> list[Expr]:
+    new = list(idx)
+    new[axis] = value
+    return new
+
+
+def _choose(gen: ElementGen, node: ir.Node, cases: list[tuple[Expr | None, ir.Value | Expr, list[Expr]]]) -> Expr:
+    """``cond_0 ? value_0 : cond_1 ? value_1 : ... value_last`` with every value evaluated first (``select``): no
+    load sits in a branch. A value is an input read at an index that must be in range whatever the condition, or
+    an expression. The last condition is not tested."""
+    dtype = value_dtype(node.outputs[0])
+    vals = [v if isinstance(v, Expr) else gen.at(v, new, None) for _, v, new in cases]
+    vals = [x if x.dtype == dtype else Cast(x, dtype) for x in vals]
+    expr = vals[-1]
+    for (cond, _, _), val in zip(reversed(cases[:-1]), reversed(vals[:-1]), strict=True):
+        expr = Call("select", (cond, val, expr), dtype)
+    return expr
+
+
 # ---------------------------------------------------------------------------------------- handlers
 
-def _transpose(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _transpose(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     rank = len(_in_shape(node))
     perm = _attr(node, "perm")
     perm = list(range(rank))[::-1] if perm is None else [_axis(p, rank, node) for p in perm]
-    new = ["0"] * rank
+    new: list[Expr] = [Const(0)] * rank
     for o, p in enumerate(perm):
         new[p] = idx[o]
-    return gen.at(node.inputs[0], new, stmts)
+    return gen.at(node.inputs[0], new, lets)
 
 
-def _slice(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _slice(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     shape = _in_shape(node)
     rank = len(shape)
     if _opset(node) < 10 and len(node.inputs) == 1:
@@ -239,10 +205,10 @@ def _slice(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -
             raise TemplateError("Slice: step 0 is invalid")
         start, _, _ = slice(b, e, st).indices(shape[a])  # the same clamping rules as ONNX
         new[a] = _add(_mul(idx[a], st), start)
-    return gen.at(node.inputs[0], new, stmts)
+    return gen.at(node.inputs[0], new, lets)
 
 
-def _concat(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _concat(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     out_shape = _out_shape(node)
     axis = _axis(_attr(node, "axis", 0), len(out_shape), node)
     parts, off = [], 0
@@ -254,77 +220,49 @@ def _concat(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) 
             parts.append((v, off, n))
         off += n
     i = idx[axis]
-    lv = _lit(i)
+    lv = int(i.value) if isinstance(i, Const) else None
     if lv is not None or len(parts) == 1:
         for v, o, n in parts:
             if lv is None or o <= lv < o + n:
-                new = list(idx)
-                new[axis] = _add(i, -o)
-                return gen.at(v, new, stmts)
+                return gen.at(v, _set(idx, axis, _add(i, -o)), lets)
         raise TemplateError("Concat: index out of range")
     # Every input is read (pure-expression loads) at its index clamped into range, unconditionally, and the
-    # value is chosen afterwards: a load inside a ternary branch becomes a masked load, which GCC 12 at -O3
-    # with AVX2/AVX-512 miscompiles in some loop nests (wrong elements; tests/fuzz/test_differential.py).
-    return _choose(gen, node, [(f"({i}) < {o + n}", v, _set(idx, axis, f"dlcc_edge_idx({_add(i, -o)}, {n})"))
+    # value is chosen afterwards (``_choose``: GCC 12's masked loads).
+    return _choose(gen, node, [(_lt(i, o + n), v, _set(idx, axis, Call("edge_idx", (_add(i, -o), Const(n)))))
                                for v, o, n in parts])
 
 
-def _set(idx: Sequence[str], axis: int, value: str) -> list[str]:
-    new = list(idx)
-    new[axis] = value
-    return new
-
-
-def _choose(gen: ExprGen, node: ir.Node, cases: list[tuple[str | None, ir.Value | str, list[str]]]) -> str:
-    """``cond_0 ? value_0 : cond_1 ? value_1 : ... value_last`` with every value evaluated first, into a
-    local (a GNU statement expression): no load sits in a branch. A value is an input read at an index that
-    must be in range whatever the condition, or a C expression (str). The last condition is not tested."""
-    ct = ctype(value_dtype(node.outputs[0]))
-    decls, names = [], []
-    for _, v, new in cases:
-        name = gen.names("sel")
-        decls.append(f"const {ct} {name} = ({v if isinstance(v, str) else gen.at(v, new, None)});")
-        names.append(name)
-    expr = names[-1]
-    for (cond, _, _), name in zip(reversed(cases[:-1]), reversed(names[:-1]), strict=True):
-        expr = f"(({cond}) ? {name} : {expr})"
-    return f"({{ {' '.join(decls)} {expr}; }})"
-
-
-def _split(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _split(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     rank = len(_in_shape(node))
     axis = _axis(_attr(node, "axis", 0), rank, node)
     off = sum(value_shape(node.outputs[k])[axis] for k in range(out_index))  # static output shapes
-    new = list(idx)
-    new[axis] = _add(idx[axis], off)
-    return gen.at(node.inputs[0], new, stmts)
+    return gen.at(node.inputs[0], _set(idx, axis, _add(idx[axis], off)), lets)
 
 
-def _data_index(gen: ExprGen, v: ir.Value, idx: list[str], n: int, stmts) -> str:
+def _data_index(gen: ElementGen, v: ir.Value, idx: list[Expr], n: int, lets) -> Expr:
     """Element ``idx`` of the index tensor ``v``, normalized for negatives and clamped to ``[0, n)``."""
     const = gen.const_of(v)
     if const is not None and 0 < const.size <= 4096:  # normalized at compile time (often an affine map)
         flat = const.astype(np.int64).reshape(-1)
         flat = np.clip(np.where(flat < 0, flat + n, flat), 0, max(n - 1, 0))
         shape = const.shape
-        return _table(gen, flat.tolist(), _linearize(idx, shape) if shape else "0")
-    j = gen.at(v, idx, stmts)
-    return f"dlcc_clamp_idx((int64_t)({j}), {n})"
+        return gen.table(flat.tolist(), _linearize(idx, shape) if shape else Const(0))
+    j = gen.at(v, idx, lets)
+    return Call("clamp_idx", (j if j.dtype == "int64" else Cast(j, "int64"), Const(n)))
 
 
-def _gather(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _gather(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     data, ind = node.inputs[0], node.inputs[1]
     shape = value_shape(data)
     axis = _axis(_attr(node, "axis", 0), len(shape), node)
     q = len(value_shape(ind))
     if shape[axis] == 0 and math.prod(_out_shape(node)) > 0:
         raise TemplateError("Gather: indexing an empty axis")
-    j = _data_index(gen, ind, idx[axis:axis + q], shape[axis], stmts)
-    new = [*idx[:axis], j, *idx[axis + q:]]
-    return gen.at(data, new, stmts)
+    j = _data_index(gen, ind, idx[axis:axis + q], shape[axis], lets)
+    return gen.at(data, [*idx[:axis], j, *idx[axis + q:]], lets)
 
 
-def _gather_elements(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _gather_elements(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     data, ind = node.inputs[0], node.inputs[1]
     shape = value_shape(data)
     axis = _axis(_attr(node, "axis", 0), len(shape), node)
@@ -332,20 +270,19 @@ def _gather_elements(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str]
     if any(i > d for k, (i, d) in enumerate(zip(ishape, shape, strict=True)) if k != axis) or (
             shape[axis] == 0 and math.prod(ishape) > 0):
         raise TemplateError(f"GatherElements: indices of shape {ishape} do not fit data of shape {shape}")
-    new = list(idx)
-    new[axis] = _data_index(gen, ind, idx, shape[axis], stmts)
-    return gen.at(data, new, stmts)
+    return gen.at(data, _set(idx, axis, _data_index(gen, ind, idx, shape[axis], lets)), lets)
 
 
-def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _pad(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     x = node.inputs[0]
     shape = value_shape(x)
     rank = len(shape)
+    dtype = value_dtype(x)
     mode = _attr(node, "mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if _opset(node) < 11 and len(node.inputs) == 1:
         pads = [int(p) for p in _attr(node, "pads")]
-        value_expr = c_literal(float(_attr(node, "value", 0.0)), value_dtype(x))
+        value: Expr = literal(float(_attr(node, "value", 0.0)), dtype)
         axes = list(range(rank))
     else:
         p = _const_input(gen, node, 1, "pads")
@@ -354,15 +291,15 @@ def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> 
         pads = [int(v) for v in p.reshape(-1)]
         cv = _input(node, 2)
         if cv is None:
-            value_expr = c_literal(0, value_dtype(x))
+            value = literal(0, dtype)
         else:
             cconst = gen.const_of(cv)
             if cconst is not None and cconst.size == 1:
-                value_expr = c_literal(cconst.reshape(-1)[0].item(), value_dtype(x))
+                value = literal(cconst.reshape(-1)[0].item(), dtype)
             elif cconst is not None and cconst.size == 0:
-                value_expr = c_literal(0, value_dtype(x))
+                value = literal(0, dtype)
             else:
-                value_expr = gen.at(cv, ["0"] * len(value_shape(cv)), stmts) if mode == "constant" else "0"
+                value = gen.at(cv, [Const(0)] * len(value_shape(cv)), lets) if mode == "constant" else literal(0, dtype)
         a = _const_input(gen, node, 3, "axes")
         axes = list(range(rank)) if a is None else [_axis(int(v), rank, node) for v in a.reshape(-1)]
     if len(pads) != 2 * len(axes):
@@ -370,7 +307,8 @@ def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> 
     begin, end = [0] * rank, [0] * rank
     for k, a in enumerate(axes):
         begin[a], end[a] = pads[k], pads[k + len(axes)]
-    new, conds = [], []
+    new: list[Expr] = []
+    conds: list[Expr] = []
     padded = [False] * rank  # axes whose index is tested against the input's range
     for d in range(rank):
         n = shape[d]
@@ -378,38 +316,36 @@ def _pad(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> 
         if begin[d] <= 0 and end[d] <= 0:  # no padding here (maybe cropping): always in range
             new.append(i)
             continue
-        lv = _lit(i)
+        lv = int(i.value) if isinstance(i, Const) else None
         if mode == "constant":
             if lv is not None:
                 if not 0 <= lv < n:
-                    return value_expr
+                    return value
             else:
                 if begin[d] > 0:
-                    conds.append(f"({i}) >= 0")
+                    conds.append(_ge0(i))
                 if end[d] > 0:
-                    conds.append(f"({i}) < {n}")
+                    conds.append(_lt(i, n))
                 padded[d] = True
             new.append(i)
         elif n == 0:
             raise TemplateError(f"Pad: mode {mode} needs a non-empty input along axis {d}")
         elif mode == "edge":
-            new.append(_num(min(max(lv, 0), n - 1)) if lv is not None else f"dlcc_edge_idx({i}, {n})")
+            new.append(Const(min(max(lv, 0), n - 1)) if lv is not None else Call("edge_idx", (i, Const(n))))
         elif mode == "reflect":
-            if lv is not None:
-                new.append(_num(_reflect(lv, n)))
-            else:
-                new.append(f"dlcc_reflect_idx({i}, {n})")
+            new.append(Const(_reflect(lv, n)) if lv is not None else Call("reflect_idx", (i, Const(n))))
         elif mode == "wrap":
-            new.append(_num(lv % n) if lv is not None else f"dlcc_wrap_idx({i}, {n})")
+            new.append(Const(lv % n) if lv is not None else Call("wrap_idx", (i, Const(n))))
         else:
             raise TemplateError(f"Pad: mode {mode!r} is not supported")
     if not conds:
-        return gen.at(x, new, stmts)
-    if 0 in shape:
-        return f"(({' && '.join(conds)}) ? ({gen.at(x, new, None)}) : ({value_expr}))"
+        return gen.at(x, new, lets)
+    if 0 in shape:  # (nothing to read: every element is padding)
+        return value
     # the load at the index clamped into range, unconditionally, then the choice (see _concat: GCC 12)
-    clamped = [f"dlcc_edge_idx({e}, {n})" if guarded else e for e, n, guarded in zip(new, shape, padded, strict=True)]
-    return _choose(gen, node, [(" && ".join(conds), x, clamped), (None, value_expr, [])])
+    clamped = [Call("edge_idx", (e, Const(n))) if guarded else e for e, n, guarded in zip(new, shape, padded,
+                                                                                         strict=True)]
+    return _choose(gen, node, [(_and(conds), x, clamped), (None, value, [])])
 
 
 def _reflect(i: int, n: int) -> int:
@@ -420,21 +356,21 @@ def _reflect(i: int, n: int) -> int:
     return p - r if r >= n else r
 
 
-def _expand(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _expand(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     _const_input(gen, node, 1, "shape")
     shape = _in_shape(node)
     tail = idx[len(idx) - len(shape):] if shape else []
-    return gen.at(node.inputs[0], ["0" if d == 1 else i for i, d in zip(tail, shape, strict=True)], stmts)
+    return gen.at(node.inputs[0], [Const(0) if d == 1 else i for i, d in zip(tail, shape, strict=True)], lets)
 
 
-def _tile(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _tile(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     r = _const_input(gen, node, 1, "repeats")
     if r is None:
         raise TemplateError("Tile: the repeats input must be a constant")
     shape = _in_shape(node)
     reps = [int(v) for v in r.reshape(-1)]
     new = [i if rep == 1 else _mod(i, d) for i, d, rep in zip(idx, shape, reps, strict=True)]
-    return gen.at(node.inputs[0], new, stmts)
+    return gen.at(node.inputs[0], new, lets)
 
 
 def _blocksize(node: ir.Node) -> int:
@@ -444,7 +380,7 @@ def _blocksize(node: ir.Node) -> int:
     return int(b)
 
 
-def _depth_to_space(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _depth_to_space(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     b = _blocksize(node)
     mode = _attr(node, "mode", "DCR")
     n, c, h, w = idx
@@ -456,10 +392,10 @@ def _depth_to_space(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str],
         ch = _sum([_mul(c, b * b), _mul(i, b), j])
     else:
         raise TemplateError(f"DepthToSpace: mode {mode!r} is not supported")
-    return gen.at(node.inputs[0], [n, ch, _div(h, b), _div(w, b)], stmts)
+    return gen.at(node.inputs[0], [n, ch, _div(h, b), _div(w, b)], lets)
 
 
-def _space_to_depth(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _space_to_depth(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     b = _blocksize(node)
     n, oc, h, w = idx
     cin = _in_shape(node)[1]
@@ -472,24 +408,22 @@ def _space_to_depth(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str],
     else:
         raise TemplateError(f"SpaceToDepth: mode {mode!r} is not supported")
     i, j = _div(ij, b), _mod(ij, b)
-    return gen.at(node.inputs[0], [n, c, _sum([_mul(h, b), i]), _sum([_mul(w, b), j])], stmts)
+    return gen.at(node.inputs[0], [n, c, _sum([_mul(h, b), i]), _sum([_mul(w, b), j])], lets)
 
 
-def _channel_shuffle(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _channel_shuffle(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     g = int(_attr(node, "group"))
     shape = _in_shape(node)
     if len(shape) < 2 or shape[1] % g:
         raise TemplateError(f"ChannelShuffle: {shape[1] if len(shape) > 1 else '?'} channels, group {g}")
     cg = shape[1] // g
-    new = list(idx)
-    new[1] = _sum([_mul(_mod(idx[1], g), cg), _div(idx[1], g)])
-    return gen.at(node.inputs[0], new, stmts)
+    return gen.at(node.inputs[0], _set(idx, 1, _sum([_mul(_mod(idx[1], g), cg), _div(idx[1], g)])), lets)
 
 
-def _reshape_map(idx: Sequence[str], out_shape: Sequence[int], in_shape: Sequence[int]) -> list[str]:
+def _reshape_map(idx: Sequence[Expr], out_shape: Sequence[int], in_shape: Sequence[int]) -> list[Expr]:
     """Input index of a row-major reshape. Dims are matched in groups of equal product, so a reshape
     that only inserts/removes 1s or splits/merges a few dims becomes a direct map."""
-    result = ["0"] * len(in_shape)
+    result: list[Expr] = [Const(0)] * len(in_shape)
     if math.prod(in_shape) == 0:
         return result
     outs = [(i, d) for i, d in zip(idx, out_shape, strict=True) if d != 1]
@@ -517,11 +451,11 @@ def _reshape_map(idx: Sequence[str], out_shape: Sequence[int], in_shape: Sequenc
     return result
 
 
-def _reshape(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _reshape(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     in_shape, out_shape = _in_shape(node), _out_shape(node)
     if math.prod(in_shape) != math.prod(out_shape):
         raise TemplateError(f"{node.op_type}: {in_shape} and {out_shape} differ in size")
-    return gen.at(node.inputs[0], _reshape_map(idx, out_shape, in_shape), stmts)
+    return gen.at(node.inputs[0], _reshape_map(idx, out_shape, in_shape), lets)
 
 
 # ------------------------------------------------------------------------------------ Resize
@@ -566,8 +500,8 @@ def _orig_coord(mode: str, i: int, scale: np.float32, n_out: int, n_in: int) -> 
     raise TemplateError(f"Resize: coordinate_transformation_mode {mode!r} is not supported")
 
 
-def _resize_common(gen: ExprGen, node: ir.Node, idx: list[str], stmts, *, mode: str, coord: str,
-                   nearest_mode: str, scales: list[np.float32]) -> str:
+def _resize_common(gen: ElementGen, node: ir.Node, idx: list[Expr], lets, *, mode: str, coord: str,
+                   nearest_mode: str, scales: list[np.float32]) -> Expr:
     x = node.inputs[0]
     in_shape, out_shape = value_shape(x), _out_shape(node)
     rank = len(in_shape)
@@ -583,14 +517,15 @@ def _resize_common(gen: ExprGen, node: ir.Node, idx: list[str], stmts, *, mode: 
                 xo = _orig_coord(coord, i, scales[d], n_out, n_in)
                 j = _nearest(xo, nearest_mode, bool(scales[d] < 1))
                 tab.append(min(max(j, 0), n_in - 1))
-            new.append(_bind(gen, _table(gen, tab, idx[d]), "int64_t", stmts))
-        return gen.at(x, new, stmts)
+            new.append(gen.bind(gen.table(tab, idx[d]), lets))
+        return gen.at(x, new, lets)
     if mode != "linear":
         raise TemplateError(f"Resize: mode {mode!r} is not supported (nearest and linear are)")
-    if value_dtype(x) not in ("float32", "float64"):
+    dtype = value_dtype(x)
+    if dtype not in ("float32", "float64"):
         raise TemplateError("Resize: linear mode needs a float input")
     # per axis: two taps (i0, i1) with weights (w0, w1), as onnxruntime computes them (float32)
-    taps: list[tuple[str, str, str, str] | None] = []
+    taps: list[tuple[Expr, Expr, Expr, Expr] | None] = []
     f = np.float32
     for d in range(rank):
         n_in, n_out = in_shape[d], out_shape[d]
@@ -610,27 +545,30 @@ def _resize_common(gen: ExprGen, node: ir.Node, idx: list[str], stmts, *, mode: 
             i1s.append(i1)
             w0s.append(f(w0))
             w1s.append(f(w1))
-        taps.append((_bind(gen, _table(gen, i0s, idx[d]), "int64_t", stmts),
-                     _bind(gen, _table(gen, i1s, idx[d]), "int64_t", stmts),
-                     _bind(gen, _table(gen, w0s, idx[d], "float"), "float", stmts),
-                     _bind(gen, _table(gen, w1s, idx[d], "float"), "float", stmts)))
+        taps.append((gen.bind(gen.table(i0s, idx[d]), lets), gen.bind(gen.table(i1s, idx[d]), lets),
+                     gen.bind(gen.table(w0s, idx[d], "float32"), lets),
+                     gen.bind(gen.table(w1s, idx[d], "float32"), lets)))
     resized = [d for d in range(rank) if taps[d] is not None]
     if not resized:
-        return gen.at(x, list(idx), stmts)
-    terms = []
+        return gen.at(x, list(idx), lets)
+    total: Expr | None = None
     for corner in range(1 << len(resized)):
-        new, ws = list(idx), []
+        new, weight = list(idx), None
         for k, d in enumerate(resized):
             i0, i1, w0, w1 = taps[d]
             hi = (corner >> (len(resized) - 1 - k)) & 1
             new[d] = i1 if hi else i0
-            ws.append(w1 if hi else w0)
+            w = w1 if hi else w0
+            weight = w if weight is None else Bin("*", weight, w)
+        if dtype != "float32":  # (the weights' product in float32, as C promotes it)
+            weight = Cast(weight, dtype)
         # indices are clamped into range: the loads are unconditional
-        terms.append("(" + " * ".join([*ws, f"({gen.at(x, new, stmts)})"]) + ")")
-    return "(" + " + ".join(terms) + ")"
+        term = Bin("*", weight, gen.at(x, new, lets))
+        total = term if total is None else Bin("+", total, term)
+    return total
 
 
-def _resize(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _resize(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     in_shape = value_shape(node.inputs[0])
     rank = len(in_shape)
     opset = _opset(node)
@@ -638,7 +576,7 @@ def _resize(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) 
     if opset < 11:
         s = _const_input(gen, node, 1, "scales")
         scales = [f for f in s.astype(np.float32).reshape(-1)]
-        return _resize_common(gen, node, idx, stmts, mode=mode, coord="asymmetric", nearest_mode="simple",
+        return _resize_common(gen, node, idx, lets, mode=mode, coord="asymmetric", nearest_mode="simple",
                               scales=scales)
     coord = _attr(node, "coordinate_transformation_mode", "half_pixel")
     if coord == "tf_crop_and_resize":
@@ -668,18 +606,43 @@ def _resize(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) 
             scales[a] = r
     else:
         raise TemplateError("Resize: one of the scales or sizes inputs must be a non-empty constant")
-    return _resize_common(gen, node, idx, stmts, mode=mode, coord=coord, nearest_mode=nearest_mode, scales=scales)
+    return _resize_common(gen, node, idx, lets, mode=mode, coord=coord, nearest_mode=nearest_mode, scales=scales)
 
 
-def _upsample(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
+def _upsample(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     if len(node.inputs) > 1:
         s = _const_input(gen, node, 1, "scales")
     else:
         s = np.asarray(_attr(node, "scales"), dtype=np.float32)
     scales = [f for f in s.astype(np.float32).reshape(-1)]
     mode = _attr(node, "mode", "nearest")
-    return _resize_common(gen, node, idx, stmts, mode=mode, coord="asymmetric", nearest_mode="simple",
+    return _resize_common(gen, node, idx, lets, mode=mode, coord="asymmetric", nearest_mode="simple",
                           scales=scales)
+
+
+# ------------------------------------------------------------------------- generators of static data
+
+def _shape_op(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
+    """Shape: the input's static shape (start/end attributes, opset 15) as a table indexed by idx[0]."""
+    shape = list(_in_shape(node))
+    rank = len(shape)
+    start = int(_attr(node, "start", 0))
+    end = _attr(node, "end")
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
+    dims = shape[start:end]
+    if not dims:
+        raise TemplateError("Shape: empty result")
+    return gen.table(dims, idx[0])
+
+
+def _constant_of_shape(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
+    value = _attr(node, "value")
+    out = node.outputs[0]
+    if value is None:
+        return literal(0, value_dtype(out))
+    array = value.numpy().reshape(-1)
+    return literal(array[0], array.dtype.name)
 
 
 INDEXED.update({
@@ -701,34 +664,8 @@ INDEXED.update({
     "Flatten": _reshape,
     "Squeeze": _reshape,
     "Unsqueeze": _reshape,
+    "Shape": _shape_op,
+    "ConstantOfShape": _constant_of_shape,
 })
 
-
-# ------------------------------------------------------------------------- generators of static data
-
-def _shape_op(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
-    """Shape: the input's static shape (start/end attributes, opset 15) as a table indexed by idx[0]."""
-    shape = list(_in_shape(node))
-    rank = len(shape)
-    start = int(_attr(node, "start", 0))
-    end = _attr(node, "end")
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
-    dims = shape[start:end]
-    if not dims:
-        raise TemplateError("Shape: empty result")
-    table = ", ".join(f"INT64_C({d})" for d in dims)
-    return f"((const int64_t[]){{{table}}})[{idx[0]}]"
-
-
-def _constant_of_shape(gen: ExprGen, node: ir.Node, out_index: int, idx: list[str], stmts) -> str:
-    value = _attr(node, "value")
-    out = node.outputs[0]
-    if value is None:
-        return c_literal(0, value_dtype(out))
-    array = value.numpy().reshape(-1)
-    return c_literal(array[0], array.dtype)
-
-
-INDEXED["Shape"] = _shape_op
-INDEXED["ConstantOfShape"] = _constant_of_shape
+del f32
