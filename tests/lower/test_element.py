@@ -16,8 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from dlcc.build.cc import compile_files, compiler, flags_for
-from dlcc.codegen.cbase import Names, ctype
-from dlcc.codegen.lir_c import print_c
+from dlcc.codegen.cbase import Names, TensorRef, ctype
+from dlcc.codegen.element_c import c_index, ref_buf
+from dlcc.codegen.lir_c import c_expr, print_c
 from dlcc.errors import PassError
 from dlcc.lower.element import ElementGen
 from dlcc.lower.lir import (
@@ -197,3 +198,17 @@ def test_verifier_needs_a_data_index_clamped():
     with pytest.raises(PassError, match="not an index expression|outside"):
         verify_func(func(Load(ind, (i,))))
     verify_func(func(Call("clamp_idx", (Load(ind, (i,)), Const(10)))))
+
+
+def test_a_flat_position_split_by_a_template_is_addressed_flat_again():
+    """A GEMM-form convolution hands its epilogue pixel p as (p) / W and (p) % W: the address of a residual read
+    there is p's again, with no division (which C compilers do not see through, and then do not vectorize)."""
+    ptrs = {"r": "r"}
+    plain = Buf("r", "float32", Layout.strided((1, 8, 4, 6)))
+    idx = [c_index("0"), c_index("c0"), c_index("(p0) / 6"), c_index("(p0) % 6")]
+    assert c_expr(Load(plain, tuple(idx)), ptrs) == "r[((c0 * 24) + p0)]"
+    last = Buf("r", "float32", Layout.strided((1, 8, 4, 6), (192, 1, 48, 8)))  # channels-last
+    assert c_expr(Load(last, tuple(idx)), ptrs) == "r[(c0 + (p0 * 8))]"
+    blocked = ref_buf(TensorRef("r", "float32", (1, 32, 4, 6), (768, 24 * 16, 6 * 16, 16), block=16), "r")
+    idx[1] = c_index("(kb0)*16 + (o0)")  # (split_channel's form: a Lane)
+    assert c_expr(Load(blocked, tuple(idx)), ptrs) == "r[(((kb0 * 384) + o0) + (p0 * 16))]"

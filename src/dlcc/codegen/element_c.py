@@ -18,12 +18,13 @@ import onnx_ir as ir
 from dlcc.codegen.cbase import _SPLIT, Names, TensorRef
 from dlcc.codegen.lir_c import c_expr, c_stmts
 from dlcc.lower.element import ElementGen
-from dlcc.lower.lir import Buf, Const, Expr, Lane, Layout, Let, Var
+from dlcc.lower.lir import Bin, Buf, Const, Expr, Lane, Layout, Let, Var
 
 __all__ = ["CElements", "c_index", "ref_buf"]
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _INT = re.compile(r"\(?(-?\d+)\)?\Z")
+_DIVMOD = re.compile(r"\((\w+)\) ([/%]) (\d+)")
 
 
 def ref_buf(ref: TensorRef, name: str) -> Buf:
@@ -50,6 +51,9 @@ def c_index(text: str | Expr) -> Expr:
     m = _SPLIT.fullmatch(text)
     if m is not None:  # ``split_channel``'s (block)*size + (lane): a Lane, which a layout in blocks reads undivided
         return Lane(c_index(m.group(1)), c_index(m.group(3)), int(m.group(2)))
+    m = _DIVMOD.fullmatch(text)
+    if m is not None:  # a flat position's row or column, (p) / W or (p) % W: what a layout's address folds back
+        return Bin("//" if m.group(2) == "/" else "%", c_index(m.group(1)), Const(int(m.group(3))))
     return Var(text if _IDENT.match(text) else f"({text})")
 
 

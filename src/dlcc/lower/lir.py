@@ -133,9 +133,11 @@ class Layout:
     def address(self, index: Sequence[Expr]) -> Expr:
         if len(index) != len(self.shape):
             raise PassError(f"loop IR: {len(index)} indices for a rank-{len(self.shape)} layout")
+        terms = _flat_again([(_address_index(index[axis], div, ext, self.shape[axis]), stride)
+                             for axis, div, ext, stride in self.dims])
         total: Expr = Const(self.offset)
-        for axis, div, ext, stride in self.dims:
-            total = total + _address_index(index[axis], div, ext, self.shape[axis]) * Const(stride)
+        for i, stride in terms:
+            total = total + i * Const(stride)
         return simplify(total)
 
     def vector_ok(self, lanes: int) -> bool:
@@ -296,6 +298,29 @@ class In(Expr):
     index: tuple[Expr, ...]
     shape: tuple[int, ...]
     dtype: str = "float32"
+
+
+def _flat_again(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
+    """Address terms (index, stride) with each pair ``(x // k, k * s), (x % k, s)`` merged into ``(x, s)``: a flat
+    position a kernel split into a row and a column, whose address is the flat one again (which C compilers do not
+    see, and then do not vectorize the loop). C's division and remainder keep ``(x / k) * k + x % k == x``."""
+    terms = list(terms)
+    merged = True
+    while merged:
+        merged = False
+        for a, (qa, sa) in enumerate(terms):
+            if not (isinstance(qa, Bin) and qa.op == "//" and isinstance(qa.b, Const)):
+                continue
+            k = int(qa.b.value)
+            for b, (rb, sb) in enumerate(terms):
+                if (isinstance(rb, Bin) and rb.op == "%" and rb.b == qa.b and rb.a == qa.a and sa == k * sb):
+                    terms[a] = (qa.a, sb)
+                    del terms[b]
+                    merged = True
+                    break
+            if merged:
+                break
+    return terms
 
 
 def _address_index(i: Expr, div: int, ext: int, axis_len: int) -> Expr:
