@@ -212,3 +212,26 @@ def test_a_flat_position_split_by_a_template_is_addressed_flat_again():
     blocked = ref_buf(TensorRef("r", "float32", (1, 32, 4, 6), (768, 24 * 16, 6 * 16, 16), block=16), "r")
     idx[1] = c_index("(kb0)*16 + (o0)")  # (split_channel's form: a Lane)
     assert c_expr(Load(blocked, tuple(idx)), ptrs) == "r[(((kb0 * 384) + o0) + (p0 * 16))]"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_outputs_copied_from_inputs_and_their_views(threads):
+    """Graph outputs that are an input, a reshape of one, or a transposed view's reshape are copy steps (a loop-IR
+    nest, verified), with the elements in row-major order."""
+    import dlcc
+    from dlcc.compiler import build_artifacts
+
+    x = np.arange(2 * 3 * 4 * 5, dtype=F).reshape(2, 3, 4, 5)
+    nodes = [helper.make_node("Identity", ["x"], ["a"]),
+             helper.make_node("Reshape", ["x", "shape"], ["b"]),
+             helper.make_node("Flatten", ["x"], ["c"], axis=2)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"],
+                          [helper.make_tensor("shape", TensorProto.INT64, [3], [6, 5, 4])])
+    m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    c = "".join(build_artifacts(m, threads=threads).csource.files.values())
+    assert c.count("/* copy */") == 3
+    got = dlcc.compile(m, threads=threads)({"x": x})
+    np.testing.assert_array_equal(got["a"], x)
+    np.testing.assert_array_equal(got["b"], x.reshape(6, 5, 4))
+    np.testing.assert_array_equal(got["c"], x.reshape(6, 20))

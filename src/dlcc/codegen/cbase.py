@@ -188,12 +188,6 @@ class TensorRef:
         return self.strides[1] == 1 and self.strides[3] == c and self.strides[2] >= w * c \
             and self.strides[0] >= h * self.strides[2]
 
-    def flat(self, i: str) -> str:
-        """The C lvalue of element ``i`` in row-major order (only for contiguous refs)."""
-        if not self.contiguous:
-            raise ValueError(f"{self.ptr} is not contiguous")
-        return f"{self.ptr}[{_lin([(i, 1)], self.offset)}]"
-
     def base(self) -> str:
         """A C pointer expression to element 0 of the window."""
         return f"({self.ptr} + {self.offset})" if self.offset else self.ptr

@@ -44,14 +44,15 @@ from dlcc.codegen.cbase import (
     vector_helpers,
 )
 from dlcc.codegen.cbase import sanitize_comment as _c
-from dlcc.codegen.element_c import CElements, blocked_index
+from dlcc.codegen.element_c import CElements, blocked_index, c_index, ref_buf
 from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.templates import NEEDS_BUFFERS, TEMPLATES, InputScale, Producer, TemplateCall
 from dlcc.codegen.threads import KERNEL_DECLS, POOL_C, POOL_DECLS, SERIAL_C, outline
 from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
+from dlcc.lower.indexmaps import reshape_map
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
-from dlcc.lower.lir import Const, Expr, Func, Let, Var, print_func, verify_func
+from dlcc.lower.lir import Const, Expr, Func, Let, Load, Var, print_func, verify_func
 from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
 from dlcc.schedule.chscale import scale_operands
@@ -151,12 +152,14 @@ class _KernelGen:
         ``lower.element``, verified with it), else a template."""
         if step.kind == "copy":
             dst, src = self.ref(step.copy[0]), self.ref(step.copy[1])
-            if dst.shape == src.shape:
-                shape, at, put = dst.shape, src.at, dst.at
-            else:  # a reshape copied into a graph output: same elements in row-major order
-                shape, at, put = (dst.size,), (lambda i: src.flat(i[0])), (lambda i: dst.flat(i[0]))
-            f = _map(tuple(shape), dst.dtype, 1, "copy", names)
-            return f"/* copy */\n{_emit_map(f, put, at)}"
+            dbuf, sbuf = ref_buf(dst, "dst"), ref_buf(src, "src")
+
+            def load(idx):  # (a reshape copied into a graph output: the same elements in row-major order)
+                return [], Load(sbuf, tuple(idx if dst.shape == src.shape else reshape_map(idx, dst.shape, src.shape)))
+
+            f = fill_map(_map(tuple(dst.shape), dst.dtype, 1, "copy", names), dbuf, load, (dbuf, sbuf))
+            verify_func(f)
+            return f"/* copy */\n{print_c(f, {'dst': dst.ptr, 'src': src.ptr})[0]}"
         if step.kind == "loop":
             v = step.outputs[0]
             dst = gen.refs[v]
@@ -244,13 +247,15 @@ class _KernelGen:
         direct = end is a and scratch is dst and dst.contiguous
         parts = self.chain(a, end, gen, names)
 
+        dbuf = gen.gen.bufs[end]
+
         def store(idx, val):
-            idx = [str(i) for i in idx]
-            at = dst.at(idx)
+            # (image, channel block, channel in it, row, column) of a channel-blocked destination: the channel a Lane
+            index = blocked_index(idx, dst.block) if len(idx) == dst.rank + 1 else [c_index(i) for i in idx]
+            at = gen.c(Load(dbuf, tuple(index)))
             if end is a:
                 return f"{at} = {val};"
-            # (image, channel block, channel in it, row, column) of a channel-blocked destination: the channel a Lane
-            stmts, expr = parts(blocked_index(idx, dst.block) if len(idx) == 5 else idx, val)
+            stmts, expr = parts(index, val)
             return "{ " + " ".join(stmts) + f" {at} = {expr}; }}"
 
         producer = None
@@ -323,12 +328,6 @@ def _bias_post(step: Step, gen: CElements) -> tuple[str, float | None, float | N
 def _statement_expr(stmts: list[str], expr: str) -> str:
     """One C expression of ``expr`` after the statements that define its variables (a GNU statement expression)."""
     return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
-
-
-def _emit_map(f: Func, put: Callable[[Sequence[str]], str], element: Callable[[Sequence[str]], str]) -> str:
-    """The C of a ``map_func`` loop nest: element ``idx`` computed by ``element`` and stored by ``put``."""
-    text, _ = print_c(f, {}, lambda idx, val: f"{put(list(idx))} = {val};", inputs={0: element})
-    return text
 
 
 def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Names,

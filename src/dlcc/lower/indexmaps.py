@@ -30,7 +30,7 @@ from dlcc.lower.element import INDEXED, ElementGen, f32, literal
 from dlcc.lower.lir import Bin, Call, Cast, Const, Expr, simplify
 from dlcc.util import value_dtype, value_shape
 
-__all__: list[str] = []
+__all__ = ["reshape_map"]
 
 
 # ------------------------------------------------------------------------------ index arithmetic
@@ -420,7 +420,7 @@ def _channel_shuffle(gen: ElementGen, node: ir.Node, out_index: int, idx: list[E
     return gen.at(node.inputs[0], _set(idx, 1, _sum([_mul(_mod(idx[1], g), cg), _div(idx[1], g)])), lets)
 
 
-def _reshape_map(idx: Sequence[Expr], out_shape: Sequence[int], in_shape: Sequence[int]) -> list[Expr]:
+def reshape_map(idx: Sequence[Expr], out_shape: Sequence[int], in_shape: Sequence[int]) -> list[Expr]:
     """Input index of a row-major reshape. Dims are matched in groups of equal product, so a reshape
     that only inserts/removes 1s or splits/merges a few dims becomes a direct map."""
     result: list[Expr] = [Const(0)] * len(in_shape)
@@ -455,7 +455,7 @@ def _reshape(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], le
     in_shape, out_shape = _in_shape(node), _out_shape(node)
     if math.prod(in_shape) != math.prod(out_shape):
         raise TemplateError(f"{node.op_type}: {in_shape} and {out_shape} differ in size")
-    return gen.at(node.inputs[0], _reshape_map(idx, out_shape, in_shape), lets)
+    return gen.at(node.inputs[0], reshape_map(idx, out_shape, in_shape), lets)
 
 
 # ------------------------------------------------------------------------------------ Resize

@@ -134,7 +134,8 @@ class Layout:
         if len(index) != len(self.shape):
             raise PassError(f"loop IR: {len(index)} indices for a rank-{len(self.shape)} layout")
         terms = _flat_again([(_address_index(index[axis], div, ext, self.shape[axis]), stride)
-                             for axis, div, ext, stride in self.dims])
+                             for axis, div, ext, stride in self.dims if self.shape[axis] != 1])  # (an axis of
+        # one element is read at index 0)
         total: Expr = Const(self.offset)
         for i, stride in terms:
             total = total + i * Const(stride)

@@ -623,8 +623,8 @@ def _verify_dw_once(g: ConvGeometry, batch: int, shape: tuple[int, ...], strides
 
 def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], idx, v: str) -> str:
     """The epilogue of element (image, channel, flat pixel) of a GEMM-form convolution: bias, then ``store``
-    at the pixel's (h, w). An address h*W + w of a contiguous operand is the flat index again, which C
-    compilers do not see (and then do not vectorize the epilogue): it is folded back."""
+    at the pixel's (h, w), ``(p) / W`` and ``(p) % W``: the epilogue's addresses are the flat index again
+    (``lir.Layout.address``), which C compilers would not see (and then not vectorize the epilogue)."""
     if len(idx) == 4:  # (image, channel block, channel in it, pixel): an epilogue per block of channels
         n, kb, ci, p = idx
         co = split_channel(kb, ci, call.epilogue_block)
@@ -634,19 +634,8 @@ def _pixel_store(call: TemplateCall, bref: TensorRef | None, outs: list[int], id
         head = [n, co]
     val = f"{v} + {bref.at([co])}" if bref is not None else v
     name = p if re.fullmatch(r"\w+", p) else call.names("px")
-    text = _FLAT_AGAIN.sub(_flat_again, call.store([*head, *_unflat(name, outs)], val))
+    text = call.store([*head, *_unflat(name, outs)], val)  # (addressed flat again: ``lir.Layout.address``)
     return text if name == p else f"{{ const int64_t {name} = {p}; {text} }}"
-
-
-# (p / W)*(W*C) + (p % W)*C, the address of pixel p = h*W + w whose columns are C apart, is p*C (C = 1: p)
-_FLAT_AGAIN = re.compile(r"\(\((\w+)\) / (\d+)\)\*(\d+) \+ \(\(\1\) % \2\)(?:\*(\d+))?")
-
-
-def _flat_again(m: re.Match) -> str:
-    c = int(m.group(4) or 1)
-    if int(m.group(3)) != int(m.group(2)) * c:
-        return m.group(0)
-    return m.group(1) if m.group(4) is None else f"({m.group(1)})*{c}"
 
 
 @functools.lru_cache(maxsize=256)
