@@ -119,6 +119,29 @@ def test_regression_conditional_loads(case):
         assert check_graph(_model(body, sig), 0, levels=(), fusion=fusion, compile_level=0) == []
 
 
+# Bug 8 (codegen, GCC 12; graph seed 376): the repacking of a 7-channel block of a channels-last 7 x 1 plane into
+# its zero ring (``nchwc_``) kept one channel per row: GCC 12.2 -O3 (AVX2, AVX-512) if-converted the loop over rows
+# (a branch for the ring's rows), vectorized it over rows and stored the wrong elements. Fixed in
+# dlcc.codegen.ukernels: the ring's rows are loops of their own, no branch in the loop over rows.
+def test_regression_repack_of_a_narrow_channels_last_plane():
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    for c, w in ((7, 1), (7, 2), (5, 1)):
+        inits = [helper.make_tensor(n, TensorProto.FLOAT, s, rng.standard_normal(s).astype(np.float32).ravel())
+                 for n, s in (("w", [c, c, 3, 3]), ("b", [c]), ("w2", [6, c, 3, 3]), ("b2", [6]))]
+        g = helper.make_graph(
+            [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["y", "w2", "b2"], ["z"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+            "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 7, w])],
+            [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 6, 7, w])], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        for fusion in ("tvm", "dnnfusion"):
+            assert check_graph(m, 0, levels=(), fusion=fusion, compile_level=0) == [], (c, w)
+    assert check_graph(random_graph(376)) == []
+
+
 def test_regression_pad_constant_still_right():
     """Pad (constant mode) now loads at a clamped index before choosing: the pad value where out of range."""
     m = _model("""    y = Pad <mode: string = "constant"> (x, pads, v)""",

@@ -654,21 +654,31 @@ def _nchwc(name: str, cbi: int, h: int, w: int, ph: int, pw: int, hp: int, wp: i
             continue;
         }}"""
     sc = ", const float* restrict sc" if scaled else ""
+    # The ring's rows above and below are loops of their own, not a branch in the loop over rows: GCC 12.2 -O3
+    # (AVX2, AVX-512) if-converts such a loop, vectorizes it over rows and stores the wrong elements (a 7-channel
+    # block on a 7 x 1 plane kept one channel per row; tests/fuzz/test_differential.py, graph seed 376). And no
+    # load sits under a condition (its masked loads miscompile in such nests as well).
+    row = f"""float* restrict d = ws + (yy - y0) * {wp * cbi};
+        for (int64_t q = 0; q < {wp * cbi}; ++q) d[q] = {z};"""
     return f"""static void dlcc_uk_{name}(const float* restrict x{sc}, int64_t xc, int64_t xh, int64_t nci,
                                 int64_t y0, int64_t rows, float* restrict ws) {{
-    for (int64_t yy = y0; yy < y0 + rows; ++yy) {{
+    const int64_t y1 = y0 + rows, a = y0 > {ph} ? y0 : {ph}, b = y1 < {ph + h} ? y1 : {ph + h};
+    for (int64_t yy = y0; yy < (y1 < {ph} ? y1 : {ph}); ++yy) {{
+        {row}
+    }}
+    for (int64_t yy = a; yy < b; ++yy) {{
         float* restrict d = ws + (yy - y0) * {wp * cbi};
         const int64_t iy = yy - {ph};
-        if (iy < 0 || iy >= {h}) {{
-            for (int64_t q = 0; q < {wp * cbi}; ++q) d[q] = {z};
-            continue;
-        }}
         for (int64_t q = 0; q < {pw * cbi}; ++q) d[q] = {z};
         for (int64_t q = {(pw + wc) * cbi}; q < {wp * cbi}; ++q) d[q] = {z};
         const float* restrict s = x + iy * xh;{fast}
-        for (int64_t xx = 0; xx < {wc}; ++xx)
-            for (int64_t i = 0; i < {cbi}; ++i)
-                d[(xx + {pw}) * {cbi} + i] = i < nci ? s[i * xc + xx{col}]{ki("i")} : {z};
+        for (int64_t xx = 0; xx < {wc}; ++xx) {{
+            for (int64_t i = 0; i < nci; ++i) d[(xx + {pw}) * {cbi} + i] = s[i * xc + xx{col}]{ki("i")};
+            for (int64_t i = nci; i < {cbi}; ++i) d[(xx + {pw}) * {cbi} + i] = {z};
+        }}
+    }}
+    for (int64_t yy = (y0 > {ph + h} ? y0 : {ph + h}); yy < y1; ++yy) {{
+        {row}
     }}
 }}
 """
