@@ -69,7 +69,7 @@ from dlcc.lower.scalar import INDEX_FUNCTIONS, SCALAR_FUNCTIONS
 
 __all__ = ["CALLS", "Alloc", "Bcast", "Bin", "Buf", "Call", "Cast", "Const", "Epilogue", "Expr", "For", "Func", "If",
            "In", "Lane", "Layout", "Let", "Load", "MICRO", "Micro", "MicroKernel", "Ptr", "Select", "Store", "Var",
-           "print_func", "run_func", "verify_func"]
+           "print_func", "rewrite_stmts", "run_func", "verify_func"]
 
 SCOPES = ("global", "register", "stack", "workspace", "thread_workspace", "const")
 KINDS = ("serial", "parallel", "vectorized", "unrolled")
@@ -1166,6 +1166,25 @@ def subst_stmts(body: Sequence[Stmt], var: str, new: Expr) -> tuple[Stmt, ...]:
         elif isinstance(s, Epilogue):
             dest = _subst(s.dest, var, new) if s.dest is not None else None
             out.append(Epilogue(tuple(_subst(i, var, new) for i in s.index), _subst(s.value, var, new), dest))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def rewrite_stmts(body: Sequence[Stmt], fn: Callable[[Stmt], tuple[Stmt, ...] | None]) -> tuple[Stmt, ...]:
+    """``body`` with every statement that ``fn`` rewrites (it returns the statements in its place) replaced, and the
+    bodies of the others (loops, branches, allocations) rewritten the same way."""
+    out: list[Stmt] = []
+    for s in body:
+        r = fn(s)
+        if r is not None:
+            out.extend(r)
+        elif isinstance(s, For):
+            out.append(replace(s, body=rewrite_stmts(s.body, fn)))
+        elif isinstance(s, If):
+            out.append(If(s.cond, rewrite_stmts(s.then, fn), rewrite_stmts(s.else_, fn)))
+        elif isinstance(s, Alloc):
+            out.append(Alloc(s.buf, rewrite_stmts(s.body, fn)))
         else:
             out.append(s)
     return tuple(out)

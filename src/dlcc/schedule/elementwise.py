@@ -18,11 +18,10 @@ the source's last axis, the writes then a destination row apart). ConvNeXt's 56 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 import onnx_ir as ir
 
-from dlcc.lower.lir import Alloc, Buf, Const, Epilogue, Expr, For, Func, If, In, Let, Stmt, Store
+from dlcc.lower.lir import Buf, Const, Epilogue, Expr, Func, In, Let, Stmt, Store, rewrite_stmts
 from dlcc.schedule.loops import nest, numbered
 from dlcc.schedule.transform import drop_unit_loops, loop_names, parallelize, reorder, split
 
@@ -108,19 +107,9 @@ def fill_map(f: Func, dst: Buf, element: Callable[[tuple[Expr, ...]], tuple[list
     """``f`` (a ``map_func`` nest, transformed or not) with each ``epilogue[index] <- In(0, index)`` replaced by the
     element's computation: ``element(index)`` -> (the locals it binds, its expression), stored into ``dst`` at
     ``index``. ``params``: the buffers it reads and ``dst``."""
-    def visit(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, Epilogue) and s.dest is None and isinstance(s.value, In):
-                lets, value = element(s.index)
-                out += [*lets, Store(dst, s.index, value)]
-            elif isinstance(s, For):
-                out.append(replace(s, body=visit(s.body)))
-            elif isinstance(s, If):
-                out.append(If(s.cond, visit(s.then), visit(s.else_)))
-            elif isinstance(s, Alloc):
-                out.append(Alloc(s.buf, visit(s.body)))
-            else:
-                out.append(s)
-        return tuple(out)
-    return Func(f.name, tuple(params), visit(f.body), f.workspace)
+    def fill(s: Stmt) -> tuple[Stmt, ...] | None:
+        if isinstance(s, Epilogue) and s.dest is None and isinstance(s.value, In):
+            lets, value = element(s.index)
+            return (*lets, Store(dst, s.index, value))
+        return None
+    return Func(f.name, tuple(params), rewrite_stmts(f.body, fill), f.workspace)

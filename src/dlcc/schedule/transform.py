@@ -42,6 +42,7 @@ from dlcc.lower.lir import (
     Var,
     _map_loops,
     _vars,
+    rewrite_stmts,
     simplify,
     subst_stmts,
 )
@@ -179,21 +180,12 @@ def parallelize(f: Func | Body, var: str, parts: int, thread: str) -> Func | Bod
 def drop_unit_loops(f: Func | Body, names: set[str] | None = None) -> Func | Body:
     """Every loop of exactly one iteration (constant bounds; of those named in ``names`` when given) replaced by
     its body at its start."""
-    def walk(body: Sequence[Stmt]) -> Body:
-        out: list[Stmt] = []
-        for s in body:
-            if isinstance(s, For):
-                inner = walk(s.body)
-                if isinstance(s.start, Const) and isinstance(s.stop, Const) and \
-                        int(s.stop.value) - int(s.start.value) == 1 and (names is None or s.var.name in names):
-                    out.extend(subst_stmts(inner, s.var.name, s.start))
-                else:
-                    out.append(replace(s, body=inner))
-            elif isinstance(s, If):
-                out.append(If(s.cond, walk(s.then), walk(s.else_)))
-            elif isinstance(s, Alloc):
-                out.append(Alloc(s.buf, walk(s.body)))
-            else:
-                out.append(s)
-        return tuple(out)
-    return _on(f, walk)
+    def unit(s: Stmt) -> tuple[Stmt, ...] | None:
+        if not isinstance(s, For):
+            return None
+        inner = rewrite_stmts(s.body, unit)
+        if isinstance(s.start, Const) and isinstance(s.stop, Const) and \
+                int(s.stop.value) - int(s.start.value) == 1 and (names is None or s.var.name in names):
+            return subst_stmts(inner, s.var.name, s.start)
+        return (replace(s, body=inner),)
+    return _on(f, lambda body: rewrite_stmts(body, unit))
