@@ -93,8 +93,8 @@ def test_blocked_view_bounds_and_addresses():
     with pytest.raises(PassError, match="channel blocks of 8"):
         Buffer(2, "view", "float32", (1, 12, 4, 5), base=0, block=8)
     ref = TensorRef("p_0", "float32", view.shape, view.strides, view.offset, view.ring, view.block)
-    assert ref.at(["0", "c", "h", "w"]) == "p_0[((c) / 8)*336 + ((c) % 8) + (h)*56 + (w)*8 + 64]"
-    assert ref.at(["0", "kb", "ci", "h", "w"]) == "p_0[(kb)*336 + (ci) + (h)*56 + (w)*8 + 64]"
+    assert ref.at(["0", "c", "h", "w"]) == "p_0[((((64 + ((c / 8) * 336)) + (c % 8)) + (h * 56)) + (w * 8))]"
+    assert ref.at(["0", "kb", "ci", "h", "w"]) == "p_0[((((64 + (kb * 336)) + ci) + (h * 56)) + (w * 8))]"
     for c, y, x in ((0, 0, 0), (13, 3, 4), (7, 2, 1)):
         flat = view.offset + c // 8 * plane + c % 8 + y * 56 + x * 8
         assert eval(ref.index(["0", str(c), str(y), str(x)]).replace("/", "//")) == flat

@@ -81,13 +81,13 @@ def c_literal(x, dtype: str | np.dtype) -> str:
 
 
 _IDENT = re.compile(r"[a-z_][a-z0-9_]*\Z")
-_SPLIT = re.compile(r"\((.+)\)\*(\d+) \+ \((\w+)\)")
 
 
 def split_channel(block: str, lane: str, size: int) -> str:
     """The C text of channel ``block * size + lane`` (``lane`` a loop variable below ``size``) as kernels that store
-    whole channel blocks write it: a ``TensorRef`` in blocks of ``size`` reads it back as (block, lane), no division
-    (so no other channel index may take this form with a lane of ``size`` or more)."""
+    whole channel blocks write it: a layout in blocks of ``size`` reads it back as (block, lane), no division
+    (``element_c.c_index``: a ``Lane``; so no other channel index may take this form with a lane of ``size`` or
+    more)."""
     return f"({block})*{size} + ({lane})"
 
 
@@ -149,18 +149,14 @@ class TensorRef:
     def index(self, idx: Sequence[str | int]) -> str:
         """The C expression of the element offset of ``idx`` (one index per dim; a channel-blocked ref also takes
         (n, channel block, channel in it, h, w), the channel split as its blocks are stored)."""
-        if self.block and len(idx) == 5:
-            n, cb, ci, h, w = (str(i) for i in idx)
-            sn, sc, sh, sw = self.strides
-            return _lin([(n, sn), (cb, sc), (ci, 1), (h, sh), (w, sw)], self.offset)
+        if self.block and len(idx) in (4, 5):  # through its loop-IR layout, as every element expression reads it
+            from dlcc.codegen.element_c import blocked_index, c_index, ref_buf
+            from dlcc.codegen.lir_c import c_expr
+
+            index = blocked_index(idx, self.block) if len(idx) == 5 else [c_index(i) for i in idx]
+            return c_expr(ref_buf(self, self.ptr).layout.address(index), {})
         if len(idx) != self.rank:
             raise ValueError(f"{self.ptr}: {len(idx)} indices for rank {self.rank}")
-        if self.block:  # (any channel index: its block and its place in it; split as written where it is
-            c = str(idx[1])  # ``split_channel``'s, a block of this size)
-            m = _SPLIT.fullmatch(c)
-            if m is not None and int(m.group(2)) == self.block:
-                return self.index([idx[0], m.group(1), m.group(3), idx[2], idx[3]])
-            return self.index([idx[0], f"({c}) / {self.block}", f"({c}) % {self.block}", idx[2], idx[3]])
         terms = [(str(i), s if d != 1 else 0) for i, s, d in zip(idx, self.strides, self.shape, strict=False)]
         return _lin(terms, self.offset)
 

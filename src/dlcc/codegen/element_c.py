@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from dlcc.codegen.cbase import _SPLIT, Names, TensorRef
+from dlcc.codegen.cbase import Names, TensorRef
 from dlcc.codegen.lir_c import c_expr, c_stmts
 from dlcc.lower.element import ElementGen
 from dlcc.lower.lir import Bin, Buf, Const, Expr, Lane, Layout, Let, Var
@@ -25,6 +25,7 @@ __all__ = ["CElements", "c_index", "ref_buf"]
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _INT = re.compile(r"\(?(-?\d+)\)?\Z")
 _DIVMOD = re.compile(r"\((\w+)\) ([/%]) (\d+)")
+_SPLIT = re.compile(r"\((.+)\)\*(\d+) \+ \((\w+)\)")  # ``cbase.split_channel``'s form
 
 
 def ref_buf(ref: TensorRef, name: str) -> Buf:
