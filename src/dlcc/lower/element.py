@@ -32,6 +32,8 @@ import onnx_ir as ir
 
 from dlcc.errors import DlccError, TemplateError
 from dlcc.lower.lir import NUMERIC, Bin, Buf, Call, Cast, Const, Expr, Let, Load, Var, simplify
+from dlcc.lower.lower import op_key
+from dlcc.passes.rewrite import attr
 from dlcc.util import value_dtype, value_shape
 
 __all__ = ["ELEMENTWISE", "INDEXED", "ElementGen", "broadcast_index", "can_inline", "literal"]
@@ -66,15 +68,6 @@ def broadcast_index(idx: Sequence[Expr], in_shape: Sequence[int]) -> list[Expr]:
     rank = len(in_shape)
     tail = list(idx[len(idx) - rank:]) if rank else []
     return [Const(0) if d == 1 else i for i, d in zip(tail, in_shape, strict=False)]
-
-
-def _attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
-
-
-def _key(node: ir.Node) -> str:
-    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
 def _index(i) -> Expr:
@@ -160,7 +153,7 @@ class ElementGen:
         return Load(Buf.table(self.fresh("tab"), vals, dtype), (i,))
 
     def _compute(self, node: ir.Node, out_index: int, idx: list[Expr], lets: list[Let] | None) -> Expr:
-        op = _key(node)
+        op = op_key(node)
         out_dtype = value_dtype(node.outputs[out_index])
         expr = None
         if op == "Mul":
@@ -241,7 +234,7 @@ class ElementGen:
 
 
 def can_inline(node: ir.Node) -> bool:
-    op = _key(node)
+    op = op_key(node)
     return op in ELEMENTWISE or op in INDEXED
 
 
@@ -271,25 +264,25 @@ ELEMENTWISE["Relu"] = lambda node, a, t: (
     Call("relu", (a[0],)) if _is_float(t[0]) else Call("max_i", (a[0], literal(0, t[0]))))
 ELEMENTWISE["Abs"] = lambda node, a, t: Call("abs" if _is_float(t[0]) else "abs_i", (a[0],))
 ELEMENTWISE["Sign"] = lambda node, a, t: Call("sign" if _is_float(t[0]) else "sign_i", (a[0],))
-ELEMENTWISE["LeakyRelu"] = lambda node, a, t: Call("leaky", (a[0], f32(_attr(node, "alpha", 0.01))))
+ELEMENTWISE["LeakyRelu"] = lambda node, a, t: Call("leaky", (a[0], f32(attr(node, "alpha", 0.01))))
 ELEMENTWISE["PRelu"] = lambda node, a, t: Call("leaky", (a[0], a[1]))
-ELEMENTWISE["Elu"] = lambda node, a, t: Call("elu", (a[0], f32(_attr(node, "alpha", 1.0))))
-ELEMENTWISE["Celu"] = lambda node, a, t: Call("celu", (a[0], f32(_attr(node, "alpha", 1.0))))
+ELEMENTWISE["Elu"] = lambda node, a, t: Call("elu", (a[0], f32(attr(node, "alpha", 1.0))))
+ELEMENTWISE["Celu"] = lambda node, a, t: Call("celu", (a[0], f32(attr(node, "alpha", 1.0))))
 ELEMENTWISE["Selu"] = lambda node, a, t: Call("selu", (
-    a[0], f32(_attr(node, "alpha", 1.67326319217681884765625)), f32(_attr(node, "gamma", 1.05070102214813232421875))))
+    a[0], f32(attr(node, "alpha", 1.67326319217681884765625)), f32(attr(node, "gamma", 1.05070102214813232421875))))
 ELEMENTWISE["HardSigmoid"] = lambda node, a, t: Call("hardsigmoid", (
-    a[0], f32(_attr(node, "alpha", 0.2)), f32(_attr(node, "beta", 0.5))))
+    a[0], f32(attr(node, "alpha", 0.2)), f32(attr(node, "beta", 0.5))))
 ELEMENTWISE["Gelu"] = lambda node, a, t: Call(
-    "gelu_tanh" if _attr(node, "approximate", "none") == "tanh" else "gelu", (a[0],))
+    "gelu_tanh" if attr(node, "approximate", "none") == "tanh" else "gelu", (a[0],))
 
 
 def _clip(node: ir.Node, a: list, t: list[str]) -> Expr:
     # Absent bounds default to numeric_limits lowest()/max() (spec): a float clip maps +-inf to -+FLT_MAX.
     x = a[0]
     fl = _is_float(t[0])
-    lo = a[1] if len(a) > 1 and a[1] is not None else (f32(_attr(node, "min")) if _attr(node, "min") is not None
+    lo = a[1] if len(a) > 1 and a[1] is not None else (f32(attr(node, "min")) if attr(node, "min") is not None
                                                        else None)
-    hi = a[2] if len(a) > 2 and a[2] is not None else (f32(_attr(node, "max")) if _attr(node, "max") is not None
+    hi = a[2] if len(a) > 2 and a[2] is not None else (f32(attr(node, "max")) if attr(node, "max") is not None
                                                        else None)
     if fl:
         lo = f32(-FLT_MAX) if lo is None else lo
@@ -307,7 +300,7 @@ ELEMENTWISE["Clip"] = _clip
 def _cast(node: ir.Node, a: list, t: list[str]) -> Expr:
     # Float -> int out of range (and NaN, +-inf) gives INT64_MIN / INT32_MIN like onnxruntime and numpy on
     # x86 (the "integer indefinite" of cvttss2si); 8-bit targets convert through int32 and wrap, as there.
-    to = ir.DataType(_attr(node, "to"))
+    to = ir.DataType(attr(node, "to"))
     try:
         target = np.dtype(to.numpy()).name
     except Exception:  # noqa: BLE001  (string, float8, 4-bit types: no numpy dtype)
@@ -363,7 +356,7 @@ ELEMENTWISE["Pow"] = _pow
 
 
 def _mod(node: ir.Node, a: list, t: list[str]) -> Expr:
-    if _attr(node, "fmod", 0):
+    if attr(node, "fmod", 0):
         return Call("fmod" if _is_float(t[0]) else "fmod_i", (a[0], a[1]))
     return Call("mod" if _is_float(t[0]) else "mod_i", (a[0], a[1]))
 
@@ -401,12 +394,12 @@ ELEMENTWISE["Where"] = lambda node, a, t: Call("select", (a[0], a[1], a[2]), t[1
 # --------------------------------------------------------------------------- per-channel (indexed) ops
 
 def _batchnorm(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
-    if out_index != 0 or _attr(node, "training_mode", 0):
+    if out_index != 0 or attr(node, "training_mode", 0):
         raise TemplateError("BatchNormalization in training mode (outputs 1-2 used) is not supported by the C backend")
     x, scale, bias, mean, var = node.inputs[:5]
-    if not _attr(node, "spatial", 1) and len(value_shape(scale)) != 1:
+    if not attr(node, "spatial", 1) and len(value_shape(scale)) != 1:
         raise TemplateError("BatchNormalization with spatial=0 (per-element params) is not supported by the C backend")
-    eps = float(_attr(node, "epsilon", 1e-5))
+    eps = float(attr(node, "epsilon", 1e-5))
     c = idx[1] if len(idx) > 1 else Const(0)
     consts = [gen.const_of(v) for v in (scale, bias, mean, var)]
     xe = gen.at(x, idx, lets)

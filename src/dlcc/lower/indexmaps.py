@@ -28,6 +28,8 @@ import onnx_ir as ir
 from dlcc.errors import TemplateError
 from dlcc.lower.element import INDEXED, ElementGen, f32, literal
 from dlcc.lower.lir import Bin, Call, Cast, Const, Expr, simplify
+from dlcc.lower.scalar import reflect_index
+from dlcc.passes.rewrite import attr
 from dlcc.util import value_dtype, value_shape
 
 __all__ = ["reshape_map"]
@@ -104,11 +106,6 @@ def _and(conds: Sequence[Expr]) -> Expr:
     return out
 
 
-def _attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
-
-
 def _opset(node: ir.Node) -> int:
     v = node.version
     if v is None:
@@ -171,7 +168,7 @@ def _choose(gen: ElementGen, node: ir.Node, cases: list[tuple[Expr | None, ir.Va
 
 def _transpose(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     rank = len(_in_shape(node))
-    perm = _attr(node, "perm")
+    perm = attr(node, "perm")
     perm = list(range(rank))[::-1] if perm is None else [_axis(p, rank, node) for p in perm]
     new: list[Expr] = [Const(0)] * rank
     for o, p in enumerate(perm):
@@ -183,9 +180,9 @@ def _slice(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets
     shape = _in_shape(node)
     rank = len(shape)
     if _opset(node) < 10 and len(node.inputs) == 1:
-        starts = list(_attr(node, "starts"))
-        ends = list(_attr(node, "ends"))
-        axes = _attr(node, "axes")
+        starts = list(attr(node, "starts"))
+        ends = list(attr(node, "ends"))
+        axes = attr(node, "axes")
         axes = list(range(len(starts))) if axes is None else list(axes)
         steps = [1] * len(starts)
     else:
@@ -210,7 +207,7 @@ def _slice(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets
 
 def _concat(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     out_shape = _out_shape(node)
-    axis = _axis(_attr(node, "axis", 0), len(out_shape), node)
+    axis = _axis(attr(node, "axis", 0), len(out_shape), node)
     parts, off = [], 0
     for v in node.inputs:
         if v is None:
@@ -234,7 +231,7 @@ def _concat(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], let
 
 def _split(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     rank = len(_in_shape(node))
-    axis = _axis(_attr(node, "axis", 0), rank, node)
+    axis = _axis(attr(node, "axis", 0), rank, node)
     off = sum(value_shape(node.outputs[k])[axis] for k in range(out_index))  # static output shapes
     return gen.at(node.inputs[0], _set(idx, axis, _add(idx[axis], off)), lets)
 
@@ -254,7 +251,7 @@ def _data_index(gen: ElementGen, v: ir.Value, idx: list[Expr], n: int, lets) -> 
 def _gather(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     data, ind = node.inputs[0], node.inputs[1]
     shape = value_shape(data)
-    axis = _axis(_attr(node, "axis", 0), len(shape), node)
+    axis = _axis(attr(node, "axis", 0), len(shape), node)
     q = len(value_shape(ind))
     if shape[axis] == 0 and math.prod(_out_shape(node)) > 0:
         raise TemplateError("Gather: indexing an empty axis")
@@ -265,7 +262,7 @@ def _gather(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], let
 def _gather_elements(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     data, ind = node.inputs[0], node.inputs[1]
     shape = value_shape(data)
-    axis = _axis(_attr(node, "axis", 0), len(shape), node)
+    axis = _axis(attr(node, "axis", 0), len(shape), node)
     ishape = value_shape(ind)
     if any(i > d for k, (i, d) in enumerate(zip(ishape, shape, strict=True)) if k != axis) or (
             shape[axis] == 0 and math.prod(ishape) > 0):
@@ -278,11 +275,11 @@ def _pad(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) 
     shape = value_shape(x)
     rank = len(shape)
     dtype = value_dtype(x)
-    mode = _attr(node, "mode", "constant")
+    mode = attr(node, "mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if _opset(node) < 11 and len(node.inputs) == 1:
-        pads = [int(p) for p in _attr(node, "pads")]
-        value: Expr = literal(float(_attr(node, "value", 0.0)), dtype)
+        pads = [int(p) for p in attr(node, "pads")]
+        value: Expr = literal(float(attr(node, "value", 0.0)), dtype)
         axes = list(range(rank))
     else:
         p = _const_input(gen, node, 1, "pads")
@@ -333,7 +330,7 @@ def _pad(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) 
         elif mode == "edge":
             new.append(Const(min(max(lv, 0), n - 1)) if lv is not None else Call("edge_idx", (i, Const(n))))
         elif mode == "reflect":
-            new.append(Const(_reflect(lv, n)) if lv is not None else Call("reflect_idx", (i, Const(n))))
+            new.append(Const(reflect_index(lv, n)) if lv is not None else Call("reflect_idx", (i, Const(n))))
         elif mode == "wrap":
             new.append(Const(lv % n) if lv is not None else Call("wrap_idx", (i, Const(n))))
         else:
@@ -346,14 +343,6 @@ def _pad(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) 
     clamped = [Call("edge_idx", (e, Const(n))) if guarded else e for e, n, guarded in zip(new, shape, padded,
                                                                                          strict=True)]
     return _choose(gen, node, [(_and(conds), x, clamped), (None, value, [])])
-
-
-def _reflect(i: int, n: int) -> int:
-    if n <= 1:
-        return 0
-    p = 2 * n - 2
-    r = i % p
-    return p - r if r >= n else r
 
 
 def _expand(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
@@ -374,7 +363,7 @@ def _tile(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets)
 
 
 def _blocksize(node: ir.Node) -> int:
-    b = _attr(node, "blocksize")
+    b = attr(node, "blocksize")
     if b is None or int(b) < 1 or len(_in_shape(node)) != 4:
         raise TemplateError(f"{node.op_type}: needs a 4-D input and a positive blocksize")
     return int(b)
@@ -382,7 +371,7 @@ def _blocksize(node: ir.Node) -> int:
 
 def _depth_to_space(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
     b = _blocksize(node)
-    mode = _attr(node, "mode", "DCR")
+    mode = attr(node, "mode", "DCR")
     n, c, h, w = idx
     cout = _out_shape(node)[1]
     i, j = _mod(h, b), _mod(w, b)
@@ -399,7 +388,7 @@ def _space_to_depth(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Ex
     b = _blocksize(node)
     n, oc, h, w = idx
     cin = _in_shape(node)[1]
-    mode = _attr(node, "mode", "DCR")
+    mode = attr(node, "mode", "DCR")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if mode == "DCR":  # out channel = (i*b + j)*C + c
         c, ij = _mod(oc, cin), _div(oc, cin)
@@ -412,7 +401,7 @@ def _space_to_depth(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Ex
 
 
 def _channel_shuffle(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
-    g = int(_attr(node, "group"))
+    g = int(attr(node, "group"))
     shape = _in_shape(node)
     if len(shape) < 2 or shape[1] % g:
         raise TemplateError(f"ChannelShuffle: {shape[1] if len(shape) > 1 else '?'} channels, group {g}")
@@ -572,19 +561,19 @@ def _resize(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], let
     in_shape = value_shape(node.inputs[0])
     rank = len(in_shape)
     opset = _opset(node)
-    mode = _attr(node, "mode", "nearest")
+    mode = attr(node, "mode", "nearest")
     if opset < 11:
         s = _const_input(gen, node, 1, "scales")
         scales = [f for f in s.astype(np.float32).reshape(-1)]
         return _resize_common(gen, node, idx, lets, mode=mode, coord="asymmetric", nearest_mode="simple",
                               scales=scales)
-    coord = _attr(node, "coordinate_transformation_mode", "half_pixel")
+    coord = attr(node, "coordinate_transformation_mode", "half_pixel")
     if coord == "tf_crop_and_resize":
         raise TemplateError("Resize: coordinate_transformation_mode tf_crop_and_resize is not supported")
-    if _attr(node, "antialias", 0):
+    if attr(node, "antialias", 0):
         raise TemplateError("Resize: antialias is not supported")
-    nearest_mode = _attr(node, "nearest_mode", "round_prefer_floor")
-    axes = _attr(node, "axes")
+    nearest_mode = attr(node, "nearest_mode", "round_prefer_floor")
+    axes = attr(node, "axes")
     axes = list(range(rank)) if axes is None else [_axis(a, rank, node) for a in axes]
     scales_in = _const_input(gen, node, 2, "scales")
     sizes = _const_input(gen, node, 3, "sizes")
@@ -595,7 +584,7 @@ def _resize(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], let
     elif sizes is not None and sizes.size:
         ratios = [np.float32(np.float32(int(s)) / np.float32(in_shape[a]))
                   for a, s in zip(axes, sizes.reshape(-1), strict=True)]
-        policy = _attr(node, "keep_aspect_ratio_policy", "stretch")
+        policy = attr(node, "keep_aspect_ratio_policy", "stretch")
         if policy == "not_larger":
             ratios = [min(ratios)] * len(axes)
         elif policy == "not_smaller":
@@ -613,9 +602,9 @@ def _upsample(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], l
     if len(node.inputs) > 1:
         s = _const_input(gen, node, 1, "scales")
     else:
-        s = np.asarray(_attr(node, "scales"), dtype=np.float32)
+        s = np.asarray(attr(node, "scales"), dtype=np.float32)
     scales = [f for f in s.astype(np.float32).reshape(-1)]
-    mode = _attr(node, "mode", "nearest")
+    mode = attr(node, "mode", "nearest")
     return _resize_common(gen, node, idx, lets, mode=mode, coord="asymmetric", nearest_mode="simple",
                           scales=scales)
 
@@ -626,8 +615,8 @@ def _shape_op(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], l
     """Shape: the input's static shape (start/end attributes, opset 15) as a table indexed by idx[0]."""
     shape = list(_in_shape(node))
     rank = len(shape)
-    start = int(_attr(node, "start", 0))
-    end = _attr(node, "end")
+    start = int(attr(node, "start", 0))
+    end = attr(node, "end")
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
     dims = shape[start:end]
@@ -637,7 +626,7 @@ def _shape_op(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], l
 
 
 def _constant_of_shape(gen: ElementGen, node: ir.Node, out_index: int, idx: list[Expr], lets) -> Expr:
-    value = _attr(node, "value")
+    value = attr(node, "value")
     out = node.outputs[0]
     if value is None:
         return literal(0, value_dtype(out))

@@ -305,23 +305,14 @@ def _flat_again(terms: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
     """Address terms (index, stride) with each pair ``(x // k, k * s), (x % k, s)`` merged into ``(x, s)``: a flat
     position a kernel split into a row and a column, whose address is the flat one again (which C compilers do not
     see, and then do not vectorize the loop). C's division and remainder keep ``(x / k) * k + x % k == x``."""
-    terms = list(terms)
-    merged = True
-    while merged:
-        merged = False
-        for a, (qa, sa) in enumerate(terms):
-            if not (isinstance(qa, Bin) and qa.op == "//" and isinstance(qa.b, Const)):
-                continue
-            k = int(qa.b.value)
-            for b, (rb, sb) in enumerate(terms):
-                if (isinstance(rb, Bin) and rb.op == "%" and rb.b == qa.b and rb.a == qa.a and sa == k * sb):
-                    terms[a] = (qa.a, sb)
-                    del terms[b]
-                    merged = True
-                    break
-            if merged:
-                break
-    return terms
+    out = list(terms)
+    for q, s in terms:
+        k = int(q.b.value) if isinstance(q, Bin) and q.op == "//" and isinstance(q.b, Const) else 0
+        r = (Bin("%", q.a, q.b), s // k) if k and s % k == 0 else None
+        if r is not None and r in out and (q, s) in out:
+            out[out.index((q, s))] = (q.a, r[1])
+            out.remove(r)
+    return out
 
 
 def _address_index(i: Expr, div: int, ext: int, axis_len: int) -> Expr:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["INDEX_FUNCTIONS", "SCALAR_FUNCTIONS"]
+__all__ = ["INDEX_FUNCTIONS", "SCALAR_FUNCTIONS", "reflect_index"]
 
 f32 = np.float32
 
@@ -122,7 +122,8 @@ def _f2i(lo: float, hi: float, minimum: int):
     return f
 
 
-def _reflect(i, n):
+def reflect_index(i: int, n: int) -> int:
+    """Index ``i`` reflected into ``[0, n)`` (Pad's reflect mode, without repeating the edge)."""
     if n <= 1:
         return 0
     p = 2 * n - 2
@@ -184,7 +185,7 @@ SCALAR_FUNCTIONS: dict[str, tuple[int, Callable]] = {
     "clamp_idx": (2, lambda j, n: min(max(j + n if j < 0 else j, 0), n - 1)),
     "edge_idx": (2, lambda i, n: min(max(i, 0), n - 1)),
     "wrap_idx": (2, lambda i, n: i % n),
-    "reflect_idx": (2, _reflect),
+    "reflect_idx": (2, reflect_index),
 }
 
 
