@@ -17,8 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dlcc.codegen.cbase import Names, TemplateError, TensorRef, indent
 from dlcc.codegen.element_c import CElements
 from dlcc.codegen.lir_c import print_c
-from dlcc.lower.lir import verify_func
-from dlcc.schedule.elementwise import fill_map, map_func
+from dlcc.schedule.elementwise import map_func
 from dlcc.schedule.target import get_target
 from dlcc.testing.harness import prelude, run_node
 from dlcc.util import value_dtype, value_shape
@@ -102,17 +101,7 @@ def _loop_step(buffers, consts, out, oref, pure=False):
     loop-IR nest, verified (every load in bounds), printed. ``pure``: one expression per element, no locals."""
     names = Names()
     gen = CElements({**buffers, out: oref}, consts, names)
-
-    def element(idx):
-        lets = None if pure else []
-        gen.gen.reset()
-        value = gen.gen.compute(out, list(idx), lets)
-        return lets or [], value
-
-    f = fill_map(map_func(tuple(oref.shape), oref.dtype, 1, "node", names), gen.gen.bufs[out], element,
-                 gen.gen.bufs.values())
-    verify_func(f)
-    return print_c(f, gen.ptrs)[0]
+    return print_c(gen.fill(out, map_func(tuple(oref.shape), oref.dtype, 1, "node", names), pure), gen.ptrs)[0]
 
 
 def _compile_and_call(src, arrays, oref):

@@ -18,7 +18,8 @@ import onnx_ir as ir
 from dlcc.codegen.cbase import Names, TensorRef
 from dlcc.codegen.lir_c import c_expr, c_stmts
 from dlcc.lower.element import ElementGen
-from dlcc.lower.lir import Bin, Buf, Const, Expr, Lane, Layout, Let, Var
+from dlcc.lower.lir import Bin, Buf, Const, Expr, Func, Lane, Layout, Let, Var, verify_func
+from dlcc.schedule.elementwise import fill_map
 
 __all__ = ["CElements", "c_index", "ref_buf"]
 
@@ -86,6 +87,20 @@ class CElements:
     def at(self, v: ir.Value, idx: Sequence[str | Expr]) -> str:
         """C of element ``idx`` (C text) of ``v``, one pure expression."""
         return self.c(self.gen.at(v, [c_index(i) for i in idx], None))
+
+    def fill(self, v: ir.Value, f: Func, pure: bool = False) -> Func:
+        """``f``, a ``map_func`` nest over ``v``'s buffer, with ``v``'s element computed by its producer at every index
+        (``schedule.elementwise.fill_map``; ``pure``: one expression per element, no locals), verified: every load
+        in bounds."""
+        def element(idx):
+            self.gen.reset()
+            lets: list[Let] | None = None if pure else []
+            value = self.gen.compute(v, list(idx), lets)
+            return lets or [], value
+
+        f = fill_map(f, self.gen.bufs[v], element, self.gen.bufs.values())
+        verify_func(f)
+        return f
 
     def parts(self, v: ir.Value, idx: Sequence[str | Expr], compute: bool = False) -> tuple[list[str], str]:
         """(C statements, C expression) of element ``idx`` of ``v`` (``compute``: by its producer even where it has a

@@ -23,7 +23,6 @@ Beside it, for profilers (``dlcc run --profile``, the bundle's ``model -p``), th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import re
@@ -52,7 +51,7 @@ from dlcc.codegen.ukernels import micro_c
 from dlcc.errors import DlccError
 from dlcc.lower.indexmaps import reshape_map
 from dlcc.lower.kir import Buffer, Kernel, Program, Step
-from dlcc.lower.lir import Const, Expr, Func, Let, Load, Var, print_func, verify_func
+from dlcc.lower.lir import Const, Expr, Let, Load, Var, print_func, verify_func
 from dlcc.lower.lower import op_key
 from dlcc.memory.planner import MemoryPlan
 from dlcc.schedule.chscale import scale_operands
@@ -157,24 +156,17 @@ class _KernelGen:
             def load(idx):  # (a reshape copied into a graph output: the same elements in row-major order)
                 return [], Load(sbuf, tuple(idx if dst.shape == src.shape else reshape_map(idx, dst.shape, src.shape)))
 
-            f = fill_map(_map(tuple(dst.shape), dst.dtype, 1, "copy", names), dbuf, load, (dbuf, sbuf))
+            f = fill_map(map_func(tuple(dst.shape), dst.dtype, 1, "copy", names), dbuf, load, (dbuf, sbuf))
             verify_func(f)
             return f"/* copy */\n{print_c(f, {'dst': dst.ptr, 'src': src.ptr})[0]}"
         if step.kind == "loop":
             v = step.outputs[0]
             dst = gen.refs[v]
 
-            def element(idx):
-                gen.gen.reset()
-                lets: list[Let] = []
-                return lets, gen.gen.compute(v, list(idx), lets)
-
             par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
             order = _memory_order(dst)
             tile = _transpose_tile(_inlined(v, gen), dst.shape) if order is None else None
-            f = _map(tuple(dst.shape), dst.dtype, par, "loop", names, tile, order)
-            f = fill_map(f, gen.gen.bufs[v], element, {b.name: b for b in gen.gen.bufs.values()}.values())
-            verify_func(f)
+            f = gen.fill(v, map_func(tuple(dst.shape), dst.dtype, par, "loop", names, tile, order))
             step.loop_ir = print_func(f)
             text, _ = print_c(f, gen.ptrs)
             return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(text)}\n}}"
@@ -330,12 +322,6 @@ def _statement_expr(stmts: list[str], expr: str) -> str:
     return f"({{ {' '.join(stmts)} {expr}; }})" if stmts else expr
 
 
-def _map(shape: tuple[int, ...], dtype: str, threads: int, name: str, names: Names,
-         tile: tuple[int, int, bool] | None = None, order: tuple[int, ...] | None = None) -> Func:
-    _verify_map_once(shape, dtype, threads, tile, order)
-    return map_func(shape, dtype, threads, name, names, tile, order)
-
-
 def _memory_order(dst: TensorRef) -> tuple[int, ...] | None:
     """The dims of a destination whose strides are a permutation of a contiguous layout's other than the
     row-major one (a channels-last buffer the schedule stage chose, its rows and planes further apart where it
@@ -376,12 +362,6 @@ def _transpose_tile(nodes: list[ir.Node], shape: tuple[int, ...]) -> tuple[int, 
     read_stride = math.prod(src[perm[-1] + 1:])  # of the source, along the destination's last axis
     write_stride = math.prod(shape[k + 1:])  # of the destination, along the source's last axis
     return k, TRANSPOSE_TILE, read_stride > write_stride
-
-
-@functools.lru_cache(maxsize=1024)
-def _verify_map_once(shape: tuple[int, ...], dtype: str, threads: int,
-                     tile: tuple[int, int, bool] | None = None, order: tuple[int, ...] | None = None) -> None:
-    verify_func(map_func(shape, dtype, threads, tile=tile, order=order))
 
 
 class _Weights:

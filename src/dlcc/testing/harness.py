@@ -24,8 +24,7 @@ from dlcc.codegen.cbase import C_HELPERS, Names, Operand, TensorRef, ctype, inde
 from dlcc.codegen.element_c import CElements
 from dlcc.codegen.lir_c import print_c
 from dlcc.codegen.ukernels import micro_c
-from dlcc.lower.lir import verify_func
-from dlcc.schedule.elementwise import fill_map, map_func
+from dlcc.schedule.elementwise import map_func
 from dlcc.schedule.target import NAMES, Target, get_target
 from dlcc.schedule.workspace import node_workspace_bytes
 from dlcc.util import value_dtype, value_shape
@@ -83,15 +82,7 @@ def _source(node: ir.Node, graph: ir.Graph, target: Target) -> tuple[str, list[i
         micro = "".join(micro_c(name, target.lanes) for name in sorted(call.micro))
     else:  # an inlined op: its element expression in the loop step production builds (verified, printed)
         gen = CElements({**buffers, out: oref}, consts, names, target.lanes)
-
-        def element(idx):
-            lets: list = []
-            return lets, gen.gen.compute(out, list(idx), lets)
-
-        f = fill_map(map_func(tuple(oref.shape), oref.dtype, 1, "node", names), gen.gen.bufs[out], element,
-                     gen.gen.bufs.values())
-        verify_func(f)
-        body, _ = print_c(f, gen.ptrs)
+        body, _ = print_c(gen.fill(out, map_func(tuple(oref.shape), oref.dtype, 1, "node", names)), gen.ptrs)
     params += [f"const {ctype(a.dtype)}* restrict w{k}" for k, a in enumerate(packed)]
     if ws is not None:  # the last parameter (filled with NaN: nothing may rely on its contents)
         params.append("float* restrict ws")
