@@ -26,7 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from dlcc.errors import TemplateError
-from dlcc.lower.element import INDEXED, ElementGen, f32, literal
+from dlcc.lower.element import INDEXED, ElementGen, literal
 from dlcc.lower.lir import Bin, Call, Cast, Const, Expr, simplify
 from dlcc.lower.scalar import reflect_index
 from dlcc.passes.rewrite import attr
@@ -656,5 +656,3 @@ INDEXED.update({
     "Shape": _shape_op,
     "ConstantOfShape": _constant_of_shape,
 })
-
-del f32
