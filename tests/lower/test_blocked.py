@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from test_layouts import _bottlenecks, _ort
 from test_rings import _poisoned, _without_ring_zeroing
 
 import dlcc
@@ -184,8 +185,6 @@ def test_residual_trunk_in_blocks(target, threads):
     """Bottlenecks with residual adds: the sums between them are stored in channel blocks too, read by the next 1x1
     convolution as its input and by a later one's epilogue (the residual), which then runs per block of channels;
     no address divides a channel by its block; outputs match onnxruntime on an arena of NaNs, and the interpreter."""
-    from test_layouts import _bottlenecks
-
     t = get_target(target)
     m, feeds = _bottlenecks(128, 14, 2, 1)
     ref = ort_output(m, feeds)
@@ -225,3 +224,76 @@ def test_strided_projection_reads_blocks(target, threads):
         assert len(readers) == 2 and strided and all("nchwc_" not in k.steps[0].loop_ir for k in readers)
     assert_close(_poisoned(cm, feeds)["y"], ref, 1e-4, 1e-6)
     assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)
+
+
+def _windows(c: int = 64, h: int = 14, n: int = 1, max_pad: int = 0, seed: int = 0):
+    """A 3x3 convolution (16 -> ``c`` channels, Relu) read by a depthwise 3x3 (padded 1), a 3x3 average pool
+    (stride 1, padded 1, the padding not counted), a 2x2 max pool (stride 2, padded ``max_pad``), a global average
+    and a global max pool, each a graph output."""
+    rng = np.random.default_rng(seed)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((c, 16, 3, 3)) / 12).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array((rng.standard_normal(c) / 4).astype(np.float32), "b")
+    dw = onnx.numpy_helper.from_array((rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32), "dw")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["tc"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Relu", ["tc"], ["t"]),
+             helper.make_node("Conv", ["t", "dw"], ["y_dw"], kernel_shape=[3, 3], pads=[1] * 4, group=c),
+             helper.make_node("AveragePool", ["t"], ["y_avg"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("MaxPool", ["t"], ["y_max"], kernel_shape=[2, 2], strides=[2, 2], pads=[max_pad] * 4),
+             helper.make_node("GlobalAveragePool", ["t"], ["y_gap"]),
+             helper.make_node("GlobalMaxPool", ["t"], ["y_gmp"])]
+    ho = (h + 2 * max_pad - 2) // 2 + 1
+    outs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in (
+        ("y_dw", [n, c, h, h]), ("y_avg", [n, c, h, h]), ("y_max", [n, c, ho, ho]), ("y_gap", [n, c, 1, 1]),
+        ("y_gmp", [n, c, 1, 1]))]
+    g = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
+                          outs, [w, b, dw])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("c,h,n,threads", [(64, 14, 1, 1), (48, 13, 2, 2), (64, 7, 1, 2)])
+def test_pools_and_depthwise_read_blocks(target, c, h, n, threads):
+    """A convolution's result read by a depthwise convolution, an average pool, a max pool whose taps all fall inside
+    the plane, a global average and a global max pool: stored in channel blocks with the zero ring the depthwise
+    convolution and the average pool need, which every one of them reads in place (no repacking, no workspace);
+    outputs match onnxruntime on an arena of NaNs (the ring is zeroed on every call), and the interpreter; without
+    the zeroing the run is wrong."""
+    t = get_target(target)
+    m, feeds = _windows(c, h, n, seed=c + h)
+    ref = _ort(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = _blocked(cm.artifacts)
+    if t.lanes < 4 or c % t.lanes:
+        assert not bl
+    else:
+        (b,) = bl
+        assert b.name == "t" and b.ring == (1, 1, 1, 1) and b.block == t.lanes
+        readers = [k for k in p.kernels if b.id in k.reads]
+        assert sorted(k.steps[0].anchor.op_type for k in readers) == [
+            "AveragePool", "Conv", "GlobalAveragePool", "GlobalMaxPool", "MaxPool"]
+        assert all("nchwc_" not in k.steps[0].loop_ir and k.steps[0].workspace is None for k in readers)
+        # (only the first convolution repacks its input: the graph's, in NCHW)
+        assert layout_figures(p).get("repacking_kernels", 0) <= 1
+    got = _poisoned(cm, feeds)
+    back = interpret(p, cm.artifacts.memory, feeds)
+    for name, r in ref.items():
+        assert_close(got[name], r, 1e-4, 1e-6)
+        assert_close(back[name], r, 1e-4, 1e-6)
+    if bl:
+        out = _poisoned(_without_ring_zeroing(m, target=t, threads=threads), feeds)
+        assert any(np.isnan(out[k]).any() or np.max(np.abs(out[k] - ref[k])) > 1e-2 * np.max(np.abs(ref[k]))
+                   for k in ("y_dw", "y_avg"))
+
+
+def test_a_max_pool_reaching_its_padding_keeps_plain_input():
+    """A max pool whose taps reach into its padding (which must hold -inf, not a zero ring) does not read channel
+    blocks: its input stays as it was, and the outputs match onnxruntime."""
+    m, feeds = _windows(64, 14, 1, max_pad=1, seed=5)
+    ref = _ort(m, feeds)
+    cm = dlcc.compile(m, threads=2)
+    assert not _blocked(cm.artifacts)
+    got = cm(feeds)
+    for name, r in ref.items():
+        assert_close(got[name], r, 1e-4, 1e-6)

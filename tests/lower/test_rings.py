@@ -16,6 +16,7 @@ from test_lir import PRELUDE, _assert_tile, _build
 
 import dlcc
 import dlcc.codegen.program as program
+import dlcc.schedule.blocked as blocked
 import dlcc.schedule.rings as rings
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
@@ -108,12 +109,14 @@ def _ringed(art) -> list:
 
 
 def _no_rings(build):
-    orig = rings.RINGS
+    """``build()`` with no zero rings (nor channel blocks with one for the depthwise convolution: ``schedule.blocked``,
+    which takes the buffers the rings leave)."""
+    orig = rings.RINGS, blocked.BLOCKED_WINDOWS
     try:
-        rings.RINGS = False
+        rings.RINGS = blocked.BLOCKED_WINDOWS = False
         return build()
     finally:
-        rings.RINGS = orig
+        rings.RINGS, blocked.BLOCKED_WINDOWS = orig
 
 
 @pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3", "aarch64"])

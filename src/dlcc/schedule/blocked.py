@@ -31,15 +31,25 @@ A buffer is stored so where all of these hold:
   as its input only (no fused producer, no folded input scale), whose Winograd plan keeps all of the input's
   rows and columns (a ring of at least zero on every side; a direct plan that skips the last ones, a strided
   projection's, reads them in place all the same), all these with the same ring; or a convolution storing
-  channels-last whose epilogue reads it (``BLOCKED_RESIDUALS``); at least one of the first kind.
-The ring and the planes' extent are the input readers' plan's (``workspace.reader_plan``), which the conv template
-checks again when it prints each reader.
+  channels-last whose epilogue reads it (``BLOCKED_RESIDUALS``); or (``BLOCKED_WINDOWS``) a depthwise
+  convolution or a 2-D average pool, whose channel-blocked kernel (``schedule.dwconv``) reads each block as the
+  block it would have repacked (``dwconv.reads_ring``: the ring as wide as its padding), a 2-D max pool none of
+  whose taps falls outside the plane (its padding would need -inf, not zeros; any ring), or a global pool (one
+  vector of running results per block, ``pool.global_pool_blocked_func``; any ring); at least one reading it
+  as its input.
+The ring and the planes' extent are the input readers' plan's (``workspace.reader_plan``), which the conv and pool
+templates check again when they print each reader. In ResNet-50 the last sum is stored so too (its 7x7 average pool
+read it repacked); MobileNetV2's and EfficientNet-B0's last convolutions' results, which a global pool reads; and
+where a convolution writes the input of a depthwise one that no zero ring takes (more than
+``rings.RING_MAX_CHANNELS`` channels, where a channels-last ring spreads a tile over few L1 sets: blocks do not).
 """
 
 from __future__ import annotations
 
 from dlcc.lower.kir import Buffer, Program, Step
+from dlcc.schedule.dwconv import padded_extent, pool_max_inside
 from dlcc.schedule.layouts import _Layouts, is_channels_last
+from dlcc.schedule.pwdw import depthwise_geometry, pool_geometry
 from dlcc.schedule.target import Target
 from dlcc.schedule.workspace import blocked_conv_form, reader_plan
 
@@ -47,6 +57,8 @@ __all__ = ["BLOCKED", "block_buffers"]
 
 BLOCKED = True  # switch: convolutions read an input that their input's writer stored in their channel blocks
 BLOCKED_RESIDUALS = True  # ... also where a convolution's epilogue reads it (a residual add), per block of channels
+BLOCKED_WINDOWS = True  # ... also where depthwise convolutions and pools read it (in place: ``dwconv.reads_ring``)
+WINDOWED = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
 
 
 class _Blocked(_Layouts):
@@ -82,13 +94,34 @@ class _Blocked(_Layouts):
             return ring[0], max(0, ring[1]), ring[2], max(0, ring[3])
         return ring if min(ring) >= 0 else None
 
+    def window_ring(self, r: Step, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None | bool:
+        """What step ``r``'s depthwise convolution or pool needs to read its input (of ``shape``) in channel blocks
+        where they are (``dwconv.reads_ring``): the zero ring holding every tap outside the plane; True where any
+        ring does (a max pool none of whose taps falls outside the plane, a global pool); None where its
+        channel-blocked kernel would not read them (no such kernel: False)."""
+        node = r.anchor
+        if node.op_type in ("MaxPool", "AveragePool") and r.channels_last:
+            return None  # (its channel-blocked kernel stores a plain destination)
+        if node.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+            return len(shape) == 4 or None
+        geo = depthwise_geometry(self.p, node) if node.op_type == "Conv" else pool_geometry(node)
+        if geo is None or self.target.lanes < 4:
+            return None
+        g = geo[0]
+        if node.op_type == "MaxPool":
+            if len(node.outputs) > 1 and node.outputs[1] is not None and node.outputs[1].uses():
+                return None
+            return True if pool_max_inside(g) else None
+        hp, wp = padded_extent(g)
+        return g.ph, max(0, hp - g.ph - g.h), g.pw, max(0, wp - g.pw - g.w)
+
     def readers_ring(self, bid: int) -> tuple[int, int, int, int] | None:
         """The ring buffer ``bid`` gets where every step reading it takes it in channel blocks: convolutions reading
         it as their input (module docstring), all within the same ring, and convolutions storing channels-last whose
         epilogue reads it (a residual add: then per block of channels); None where another step reads it, or none
         reads it as its input."""
         vals = self.values_of([bid])
-        ring = None
+        ring, read = None, False
         for r in self.reading_steps([bid]):
             if r.kind != "template" or r.anchor is None or r.producer is not None:
                 return None
@@ -97,15 +130,20 @@ class _Blocked(_Layouts):
             if x in vals:
                 if r.input_scale is not None or others:
                     return None
-                mine = self.input_ring(r, self.p.buffers[bid].shape)
-                if mine is None or (ring is not None and mine != ring):
+                shape = self.p.buffers[bid].shape
+                mine = self.window_ring(r, shape) if BLOCKED_WINDOWS and r.anchor.op_type in WINDOWED else None
+                if mine is None:
+                    mine = self.input_ring(r, shape)
+                if mine is None or (ring is not None and mine is not True and mine != ring):
                     return None
-                ring = mine
+                read = True
+                if mine is not True:
+                    ring = mine
             elif not (BLOCKED_RESIDUALS and r.channels_last and r.scratch is None
                       and self.conv_form(r.anchor) is not None
                       and int(r.anchor.outputs[0].shape[1]) % self.target.lanes == 0):
                 return None
-        return ring
+        return ring if ring is not None or not read else (0, 0, 0, 0)
 
     def candidate(self, bid: int) -> tuple[int, int, int, int] | None:
         """The ring buffer ``bid`` gets where it can be stored in channel blocks (module docstring), else None."""

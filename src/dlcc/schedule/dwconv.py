@@ -57,7 +57,7 @@ from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DW_PAR_MIN_OUTPUTS", "POOL_BLOCKED_MAX_W", "DwcPlan", "dw_func", "dw_threads", "dwc_func", "dwc_rows",
-           "pack_dwc", "padded_extent", "plan_dwc", "reads_ring"]
+           "pack_dwc", "padded_extent", "plan_dwc", "pool_max_inside", "reads_ring"]
 
 PLANE_BYTES = 48 * 1024  # a block's whole output plane up to this size: one epilogue loop over it
 # pools (MaxPool, AveragePool) over planes up to this wide take the channel-blocked form; wider ones the plane
@@ -118,6 +118,8 @@ class DwcPlan:
     # channel, read from memory once and from L2 by the other blocks
     ring: tuple[int, int] | None = None  # the input read where it is (``reads_ring``): the rows above and the
     # columns left of it in its zero ring (a channels-last buffer, ``schedule.rings``); None: repacked per block
+    blocked: tuple[int, int] = ()  # read where it is from channel blocks (``schedule.blocked``): the rows and
+    # columns of each block's plane with its ring, blocks outside images (as a repacked block, in place)
 
     @property
     def ncb(self) -> int:
@@ -153,30 +155,49 @@ def padded_extent(g: ConvGeometry) -> tuple[int, int]:
     return (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1, (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
 
 
-def reads_ring(g: ConvGeometry, strides: Sequence[int] | None, ring: Sequence[int], lanes: int) -> bool:
+def pool_max_inside(g: ConvGeometry) -> bool:
+    """Does every tap of every output of this max pool fall inside the plane? Then its channel-blocked kernel reads
+    an input's blocks where they are (``schedule.blocked``) whatever their ring holds (zeros, not the -inf a max
+    pool's padding takes)."""
+    hp, wp = padded_extent(g)
+    return g.ph == g.pw == 0 and hp <= g.h and wp <= g.w
+
+
+def reads_ring(g: ConvGeometry, strides: Sequence[int] | None, ring: Sequence[int], lanes: int,
+               block: int = 0, batch: int = 1) -> bool:
     """Can the channel-blocked kernel read this depthwise convolution's input where it is, without the repacked
     block? A channels-last input (``strides``, NCHW order) whose channels fill whole vectors, stored with a zero
     ``ring`` (rows above, below, columns left, right: ``schedule.rings``) that holds every tap of every output
     outside the plane: its pixels' channel blocks are then what the tiles read from a repacked block, at a
-    pixel stride of all the channels instead of one block."""
+    pixel stride of all the channels instead of one block. Or an input stored in channel blocks of one vector
+    (``block``; ``schedule.blocked``: each block's plane with its ring, blocks outside the ``batch`` images):
+    each block is then the repacked block itself."""
     if strides is None or len(strides) != 4 or len(ring) != 4 or lanes < 4 or g.ci % lanes:
         return False
     top, bottom, left, right = ring
     hp, wp = padded_extent(g)
+    inside = top >= g.ph and left >= g.pw and g.h + bottom >= hp - g.ph and g.w + right >= wp - g.pw
+    if block:
+        row = (g.w + left + right) * lanes
+        plane = (g.h + top + bottom) * row
+        return block == lanes and tuple(strides) == (plane, batch * plane, row, lanes) and inside
     row = (g.w + left + right) * g.ci
-    return (tuple(strides[1:]) == (1, row, g.ci) and strides[0] == (g.h + top + bottom) * row
-            and top >= g.ph and left >= g.pw and g.h + bottom >= hp - g.ph and g.w + right >= wp - g.pw)
+    return tuple(strides[1:]) == (1, row, g.ci) and strides[0] == (g.h + top + bottom) * row and inside
 
 
 def plan_dwc(g: ConvGeometry, batch: int, target: Target, threads: int = 1, strides: Sequence[int] | None = None,
-             ring: Sequence[int] = ()) -> DwcPlan | None:
+             ring: Sequence[int] = (), block: int = 0) -> DwcPlan | None:
     """The channel-blocked plan, or None where it does not apply: one channel per vector (scalar targets). With
-    the input's ``strides`` and zero ``ring`` where it has one: read in place where ``reads_ring`` allows."""
+    the input's ``strides`` and zero ``ring`` where it has one (and its channel ``block``, where it is stored in
+    channel blocks): read in place where ``reads_ring`` allows."""
     cbi = target.lanes
     if cbi < 4:
         return None
-    if reads_ring(g, strides, ring, cbi):
-        return dataclasses.replace(plan_dwc(g, batch, target, threads), ring=(ring[0], ring[2]))
+    ring = tuple(ring) or ((0, 0, 0, 0) if block else ())
+    if reads_ring(g, strides, ring, cbi, block, batch):
+        top, bottom, left, right = ring
+        plane = (g.h + top + bottom, g.w + left + right) if block else ()
+        return dataclasses.replace(plan_dwc(g, batch, target, threads), ring=(top, left), blocked=plane)
     hp, wp = padded_extent(g)
     px = max(1, min(14, g.ow, target.vector_registers - 4))
     t = dw_threads(g, batch, threads)
@@ -236,14 +257,19 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf | None, epilogue: bool
     oy0 = simplify(r_lo + ob * band) if S > 1 else ob * band if nb > 1 else Const(0)
     if p.ring is not None:  # read where it is: the input as the flat run of its ring buffer (image 0's ring first)
         pack: tuple[Stmt, ...] = ()
-        xn, xrow = xd[0][3], xd[2][3]
-        src = Buf(x.name, x.dtype, Layout.strided((p.batch * xn,), None, x.layout.offset - p.ring[0] * xrow
-                                                  - p.ring[1] * g.ci))
-        xpix = g.ci
+        if p.blocked:  # (channel blocks of one vector, each block's plane with its ring: blocks outside images)
+            xrow, xpix = p.blocked[1] * cbi, cbi
+            xn = p.blocked[0] * xrow
+            xblk, size = p.batch * xn, p.ncb * p.batch * xn
+        else:
+            xn, xrow, xpix = xd[0][3], xd[2][3], g.ci
+            xblk, size = cbi, p.batch * xn
+        src = Buf(x.name, x.dtype, Layout.strided((size,), None, x.layout.offset - p.ring[0] * xrow
+                                                  - p.ring[1] * xpix))
 
         def at(oy: Expr, x0: Expr) -> Expr:
-            return simplify(b * xn + (oy * g.sh + (p.ring[0] - g.ph)) * xrow + (x0 * g.sw + (p.ring[1] - g.pw)) * g.ci
-                            + blk * cbi)
+            return simplify(b * xn + (oy * g.sh + (p.ring[0] - g.ph)) * xrow + (x0 * g.sw + (p.ring[1] - g.pw)) * xpix
+                            + blk * xblk)
     else:
         pack = (Micro(nchwc_micro(cbi, g.h, g.w, g.ph, g.pw, p.hp, p.wp, ring_min=pool_max, xw=xd[3][3]), (
             Ptr(x, (b, blk * cbi, Const(0), Const(0))), Const(xd[1][3]), Const(xd[2][3]), simplify(nci), y0,

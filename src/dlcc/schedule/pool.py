@@ -46,8 +46,8 @@ from dlcc.lower.lir import (
 from dlcc.schedule.loops import nest, numbered, share
 from dlcc.schedule.transform import loop_names, parallelize
 
-__all__ = ["PoolGeometry", "global_pool_channels_last", "global_pool_func", "pool_counts", "pool_func", "running_max",
-           "window_range"]
+__all__ = ["PoolGeometry", "global_pool_blocked_func", "global_pool_channels_last", "global_pool_func", "pool_counts",
+           "pool_func", "running_max", "window_range"]
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,44 @@ def _global_pool_channels_last(x: Buf, is_max: bool, name: str, fresh: Callable[
             Store(acc, (c,), combine(Load(acc, (c,)), Load(x, (n, c, *idx)))),), "vectorized"),)),
         For(c, lo, hi, (Epilogue((n, c), value),)))),)
     body: tuple[Stmt, ...] = (For(n, Const(0), Const(N), per_image),)
+    if T > 1:
+        body = (For(t, Const(0), Const(T), body, "parallel"),)
+    return Func(name, (x,), body)
+
+
+def global_pool_blocked_func(x: Buf, batch: int, channels: int, plane: tuple[int, int],
+                             ring: tuple[int, int, int, int], lanes: int, is_max: bool, name: str = "global_pool",
+                             fresh: Callable[[str], str] | None = None, threads: int = 1) -> Func:
+    """The average (or maximum) of each (H, W) ``plane`` of an input stored in channel blocks of ``lanes`` (``x``:
+    its base as one flat run, blocks outside the ``batch`` images, each block's plane within its zero ``ring``,
+    rows above, below, columns left, right: ``schedule.blocked``), handed to the epilogue as element (n, c). Per
+    block (threads over shares of the blocks) and image: one vector of running results set to the neutral value,
+    combined with each pixel's block of channels (one vector load, the ring skipped), then divided (average)."""
+    fresh = fresh or numbered()
+    h, w = plane
+    top, bottom, left, right = ring
+    row = (w + left + right) * lanes
+    size = (h + top + bottom) * row
+    ncb = channels // lanes
+    if channels % lanes or x.layout.span < ncb * batch * size:
+        raise ValueError("global pool: the input is not whole channel blocks of its planes")
+    T = max(1, min(threads, ncb))
+    t, blk, n, y, col, j = (Var(fresh(v)) for v in ("t", "cb", "n", "y", "x", "l"))
+    lo, hi = share(t if T > 1 else Const(0), ncb, T)
+    acc = Buf(fresh("acc"), "float32", Layout.strided((lanes,)), "register")
+    init = Const(-math.inf if is_max else 0.0, "float32")
+    at = blk * (batch * size) + n * size + (y + top) * row + (col + left) * lanes + j
+    v = Load(x, (simplify(at),))
+    value: Expr = Load(acc, (j,))
+    if not is_max:
+        value = Bin("/", value, Const(float(h * w), "float32"))
+    per_block: tuple[Stmt, ...] = (For(n, Const(0), Const(batch), (Alloc(acc, (
+        For(j, Const(0), Const(lanes), (Store(acc, (j,), init),), "vectorized"),
+        For(y, Const(0), Const(h), (For(col, Const(0), Const(w), (For(j, Const(0), Const(lanes), (
+            Store(acc, (j,), running_max(Load(acc, (j,)), v) if is_max else Load(acc, (j,)) + v),),
+            "vectorized"),)),)),
+        For(j, Const(0), Const(lanes), (Epilogue((n, simplify(blk * lanes + j)), value),)))),)),)
+    body: tuple[Stmt, ...] = (For(blk, lo, hi, per_block),)
     if T > 1:
         body = (For(t, Const(0), Const(T), body, "parallel"),)
     return Func(name, (x,), body)

@@ -62,7 +62,7 @@ from dlcc.schedule.pads import conv_pads, node_attr
 from dlcc.schedule.target import Target
 
 __all__ = ["PwDwPlan", "depthwise_geometry", "fuse_pointwise_depthwise", "fused_plan", "pack_bias", "pack_pw",
-           "pair_pays", "plan_pwdw", "pointwise_input", "pwdw_func"]
+           "pair_pays", "plan_pwdw", "pointwise_input", "pool_geometry", "pwdw_func", "window_geometry"]
 
 
 @dataclass(frozen=True)
@@ -383,20 +383,42 @@ def depthwise_geometry(p: Program, node: ir.Node) -> tuple[ConvGeometry, int] | 
     xs, ws, ys = _dims(node.inputs[0]), _dims(node.inputs[1]), _dims(node.outputs[0])
     if xs is None or ws is None or ys is None or len(xs) != 4 or len(ws) != 4 or len(ys) != 4:
         return None
-    attr = node_attr(node)
     c = xs[1]
-    if not (int(attr("group", 1)) == c == ws[0] == ys[1] and c > 1 and ws[1] == 1) or not p.is_constant(node.inputs[1]):
+    if not (int(node_attr(node)("group", 1)) == c == ws[0] == ys[1] and c > 1 and ws[1] == 1) \
+            or not p.is_constant(node.inputs[1]):
         return None
     if len(node.inputs) > 2 and node.inputs[2] is not None and not p.is_constant(node.inputs[2]):
         return None
+    return window_geometry(node, (ws[2], ws[3]))
+
+
+def pool_geometry(node: ir.Node) -> tuple[ConvGeometry, int] | None:
+    """(geometry, batch) of a 2-D MaxPool or AveragePool as the depthwise convolution its channel-blocked kernel
+    runs (``schedule.dwconv``), else None."""
+    if node.op_type not in ("MaxPool", "AveragePool") or node.domain not in ("", "ai.onnx") or not node.inputs:
+        return None
+    return window_geometry(node)
+
+
+def window_geometry(node: ir.Node, kernel: tuple[int, int] | None = None) -> tuple[ConvGeometry, int] | None:
+    """(geometry, batch) of a 2-D window over (N, C, H, W): a depthwise convolution's (``kernel``: its weight's kh,
+    kw) or a pool's (``kernel`` None: its kernel_shape), from the input and output shapes, strides, dilations and
+    padding; None where they are not known or not consistent."""
+    xs, ys = _dims(node.inputs[0]), _dims(node.outputs[0])
+    attr = node_attr(node)
+    if kernel is None:
+        ks = attr("kernel_shape", None)
+        if ks is None or len(ks) != 2:
+            return None
+        kernel = (int(ks[0]), int(ks[1]))
+    if xs is None or ys is None or len(xs) != 4 or len(ys) != 4 or min(*xs, *ys, *kernel) < 1:
+        return None
     (sh, sw), (dh, dw) = (tuple(int(v) for v in attr(a, [1, 1])) for a in ("strides", "dilations"))
     try:
-        pb, _ = conv_pads(attr, "Conv", xs[2:], ys[2:], ws[2:], [sh, sw], [dh, dw])
+        pb, _ = conv_pads(attr, node.op_type, xs[2:], ys[2:], list(kernel), [sh, sw], [dh, dw])
     except TemplateError:
         return None
-    if min(*xs, *ys) < 1:
-        return None
-    return ConvGeometry(c, xs[2], xs[3], ys[2], ys[3], ws[2], ws[3], sh, sw, dh, dw, pb[0], pb[1]), xs[0]
+    return ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], *kernel, sh, sw, dh, dw, pb[0], pb[1]), xs[0]
 
 
 def fused_plan(p: Program, step: Step, target: Target, threads: int) -> PwDwPlan | None:

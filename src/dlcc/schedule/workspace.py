@@ -46,7 +46,7 @@ from dlcc.schedule.gemm import (
     plan_gemm_wconst,
 )
 from dlcc.schedule.pads import conv_pads, node_attr
-from dlcc.schedule.pwdw import fused_plan
+from dlcc.schedule.pwdw import fused_plan, window_geometry
 from dlcc.schedule.target import Target
 from dlcc.schedule.winograd import WinoPlan, plan_winograd, use_winograd
 
@@ -188,25 +188,10 @@ def _blocked_depthwise_bytes(node: ir.Node, kernel: tuple[int, int] | None, targ
     only on planes up to POOL_BLOCKED_MAX_W wide): the channel-blocked form's repacked block per thread
     (``schedule.dwconv``), 0 where the plane kernel runs instead or a convolution reads its input in place (its
     ``strides`` and zero ``ring``: ``dwconv.reads_ring``)."""
-    x, y = node.inputs[0], node.outputs[0]
-    if x.shape is None or y.shape is None:
+    geo = window_geometry(node, kernel)
+    if geo is None or (kernel is None and geo[0].w > POOL_BLOCKED_MAX_W):
         return 0
-    xs, ys = _shape(x), _shape(y)
-    attrs = node_attr(node)
-    if kernel is None:
-        ks = attrs("kernel_shape", None)
-        if ks is None or len(ks) != 2 or (len(xs) == 4 and xs[3] > POOL_BLOCKED_MAX_W):
-            return 0
-        kernel = (int(ks[0]), int(ks[1]))
-    if len(xs) != 4 or len(ys) != 4 or min(*xs, *ys, *kernel) < 1:
-        return 0
-    (sh, sw), (dh, dw) = (tuple(int(v) for v in attrs(a, [1, 1])) for a in ("strides", "dilations"))
-    try:
-        pb, _ = conv_pads(attrs, node.op_type, xs[2:], ys[2:], kernel, [sh, sw], [dh, dw])
-    except TemplateError:
-        return 0
-    g = ConvGeometry(xs[1], xs[2], xs[3], ys[2], ys[3], *kernel, sh, sw, dh, dw, pb[0], pb[1])
-    plan = plan_dwc(g, xs[0], target, threads, strides if kernel is not None else None, ring)
+    plan = plan_dwc(geo[0], geo[1], target, threads, strides if kernel is not None else None, ring)
     return 4 * plan.workspace_floats if plan is not None else 0
 
 
@@ -231,6 +216,15 @@ def _direct_in_place(node: ir.Node, is_const: Callable[[ir.Value], bool], target
                                                          or reads_nchw(form[1], strides, target.lanes))
 
 
+def _depthwise_node(node: ir.Node, is_const: Callable[[ir.Value], bool]) -> bool:
+    """Is this Conv a depthwise one (one channel per group) with a weight, of known rank-4 shapes?"""
+    x, w = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+    if x is None or w is None or x.shape is None or w.shape is None or len(x.shape) != 4:
+        return False
+    group = int(node_attr(node)("group", 1))
+    return group == _shape(x)[1] == _shape(w)[0] and group > 1 and is_const(w)
+
+
 def reader_plan(node: ir.Node, form: tuple[str, ConvGeometry], target: Target, threads: int) -> DirectPlan | WinoPlan:
     """The plan of the Winograd or direct kernel (``form``: ``blocked_conv_form``'s) of a 2-D convolution with a
     weight whose input is stored in the channel blocks it reads (``schedule.blocked``): the plan of the repacking
@@ -249,6 +243,8 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
     reading it within its zero ``ring``; ``channels_last``: its output is stored so, ``schedule.layouts``;
     ``blocked``: its input is stored in the channel blocks its Winograd or direct kernel reads, ``schedule.blocked``,
     which then repacks nothing)."""
+    if blocked and (node.op_type != "Conv" or _depthwise_node(node, is_const)):
+        return 0  # (a depthwise convolution or a pool reads the blocks where they are)
     if blocked:
         form = blocked_conv_form(node, is_const, target, threads)
         if form is None:
@@ -262,9 +258,7 @@ def node_workspace_bytes(node: ir.Node, is_const: Callable[[ir.Value], bool], ta
         return _rows_bytes(node, target, threads)
     if node.op_type == "Conv" and len(node.inputs) >= 2 and node.inputs[1] is not None:
         x, w = node.inputs[0], node.inputs[1]
-        group = int(node_attr(node)("group", 1))
-        if (x.shape is not None and w.shape is not None and len(x.shape) == 4 and group == _shape(x)[1] == _shape(w)[0]
-                and group > 1 and is_const(w)):
+        if _depthwise_node(node, is_const):
             ws = _shape(w)  # depthwise: channel-blocked, or the plane kernel (no workspace)
             return _blocked_depthwise_bytes(node, (ws[2], ws[3]), target, threads, strides, ring) if len(ws) == 4 \
                 else 0

@@ -574,7 +574,11 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
     cl = not c.contiguous  # (the caller checked: channels-last)
     cb = _pixels_dest(c, N, g.ci, g.oh * g.ow)
     trivial = call.direct and bref is None
-    plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring)  # (a ring: read in place)
+    # (a ring, or channel blocks: read in place)
+    plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring, xref.block)
+    if xref.block and (plan is None or not plan.blocked):
+        raise TemplateError(f"Conv: internal: an input in channel blocks (strides {xref.strides}, ring {xref.ring}) "
+                            "that the depthwise kernel does not read in place")
     ws = call.workspace
     repacked = plan is not None and plan.ring is None  # (else read in place: no workspace)
     if plan is not None and (not repacked or (ws is not None and plan.workspace_floats <= ws.size)):

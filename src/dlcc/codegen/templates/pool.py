@@ -29,9 +29,9 @@ from dlcc.codegen.cbase import TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.conv import _flat_ok, _ints, _pixel_store, _verify_dwc_once, spatial_pads
 from dlcc.lower.lir import Buf, Layout, verify_func
-from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, dw_func, dwc_func, pack_dwc, plan_dwc
+from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, dw_func, dwc_func, pack_dwc, plan_dwc, pool_max_inside
 from dlcc.schedule.gemm import ConvGeometry
-from dlcc.schedule.pool import PoolGeometry, global_pool_func, pool_counts, pool_func
+from dlcc.schedule.pool import PoolGeometry, global_pool_blocked_func, global_pool_func, pool_counts, pool_func
 
 
 def _input(call: TemplateCall):
@@ -83,10 +83,13 @@ def pool(call: TemplateCall) -> str:
             raise TemplateError(f"{op}: output shape {call.out_shape} inconsistent with the attributes")
     g = PoolGeometry(tuple(ins), tuple(outs), tuple(ks), tuple(strides), tuple(dils), tuple(pb))
     counts = pool_counts(g, pe, bool(call.attr("count_include_pad", 0))) if op == "AveragePool" else None
-    if r == 2 and call.pack is not None and (xref.strides[-1] == 1 or xref.channels_last) and call.scratch.contiguous:
+    if r == 2 and call.pack is not None and (xref.strides[-1] == 1 or xref.channels_last or xref.block) \
+            and call.scratch.contiguous:
         pooled = _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
         if pooled is not None:
             return pooled
+    if xref.block:
+        raise TemplateError(f"{op}: internal: an input in channel blocks that this pool cannot read")
     return _windowed_pool(call, xref, g, counts)
 
 
@@ -131,7 +134,8 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
     POOL_BLOCKED_MAX_W wide (when the workspace has room), else the plane kernel. AveragePool (``counts``): unit
     weights (the plane kernel's one row shared by every channel: channel stride 0), then the epilogue divides
     by the window's count (a compile-time table of reciprocals per output pixel, as count_include_pad and the
-    padding give it). MaxPool: the maximum forms."""
+    padding give it). MaxPool: the maximum forms. An input stored in channel blocks (``schedule.blocked``) is read
+    where it is: a zero ring holding every tap outside the plane (AveragePool), or no tap outside it (MaxPool)."""
     N, C, H, W = xref.shape
     oh, ow = outs
     g = ConvGeometry(C, H, W, oh, ow, ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
@@ -142,22 +146,30 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
     sref = call.scratch
     x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     epilogue = recip is not None or not call.direct
-    plan = plan_dwc(g, N, call.target, call.threads) if W <= POOL_BLOCKED_MAX_W else None
+    if xref.block:
+        plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring, xref.block)
+        if plan is None or not plan.blocked or (recip is None and not pool_max_inside(g)):
+            raise TemplateError(f"{call.node.op_type}: internal: an input in channel blocks (strides {xref.strides}, "
+                                f"ring {xref.ring}) that the pool does not read in place")
+    else:
+        plan = plan_dwc(g, N, call.target, call.threads) if W <= POOL_BLOCKED_MAX_W else None
     ws = call.workspace
-    if plan is not None and ws is not None and plan.workspace_floats <= ws.size:
-        # channel-blocked (schedule.dwconv): the block repacked with a -inf (max) or zero (average) ring, one
-        # vector maximum or sum per tap and pixel
+    in_place = plan is not None and plan.blocked
+    if plan is not None and (in_place or (ws is not None and plan.workspace_floats <= ws.size)):
+        # channel-blocked (schedule.dwconv): the block repacked with a -inf (max) or zero (average) ring (or read
+        # where it is), one vector maximum or sum per tap and pixel
         wpk = call.packed(pack_dwc(np.ones((C, ks[0] * ks[1]), np.float32), plan))
-        wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
+        wsb = None if in_place else Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
         flat = Buf(sref.ptr, "float32", Layout.strided((N, C, oh * ow), None, sref.offset))
         f = dwc_func(plan, x, Buf(wpk.ptr, "float32", Layout.strided(wpk.shape)), flat, wsb, epilogue,
                      name="pool", fresh=call.names, pool_max=recip is None)
-        _verify_dwc_once(plan, xref.shape, xref.strides, epilogue, ws.size, recip is None)
+        _verify_dwc_once(plan, xref.shape, xref.strides, epilogue, 0 if in_place else ws.size, recip is None,
+                         offset=xref.offset)
 
         def flat_store(idx, v):
             return _pixel_store(call, None, [oh, ow], idx, f"{v} * {recip.ptr}[{idx[2]}]" if recip is not None else v)
 
-        return call.emit(f, flat_store, {wsb.name: ws.base()})
+        return call.emit(f, flat_store, {} if in_place else {wsb.name: ws.base()})
     if xref.strides[-1] != 1:  # (a channels-last input: the plane kernel reads rows with unit stride only)
         return None
     ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
@@ -196,15 +208,29 @@ def global_pool(call: TemplateCall) -> str:
     if P == 0:
         raise TemplateError(f"{op}: empty spatial extent")
     ones = ["0"] * len(ins)
-    flat = _flat_ok(xref, 2) and P >= LANES
-    shape, strides = ((N, C, P), (*xref.strides[:2], 1)) if flat else (xref.shape, xref.strides)
-    x = Buf(xref.ptr, "float32", Layout.strided(shape, strides, xref.offset))
     is_max = op == "GlobalMaxPool"
+    name = "global_max_pool" if is_max else "global_pool"
     # threads over the planes where the read is worth a dispatch (each element a load: counted as 4 flops; DeepLab's
     # 2048 x 28 x 28 mean, 6.4 MB, 0.17 ms at 1 thread)
     threads = call.threads if call.parallel(4.0 * N * C * P) else 1
-    f = global_pool_func(x, LANES, is_max, name="global_max_pool" if is_max else "global_pool", fresh=call.names,
-                         threads=threads)
+    if xref.block:  # stored in channel blocks (``schedule.blocked``): per block, one vector of running results
+        if xref.block != LANES or len(ins) != 2:
+            raise TemplateError(f"{op}: internal: an input in channel blocks of {xref.block} that it cannot read")
+        top, bottom, left, right = xref.ring or (0, 0, 0, 0)
+        row = (ins[1] + left + right) * LANES
+        base = xref.offset - top * row - left * LANES
+        plane = (ins[0] + top + bottom) * row
+        if xref.strides != (plane, N * plane, row, LANES) or base < 0:
+            raise TemplateError(f"{op}: internal: an input in channel blocks (strides {xref.strides}) it cannot read")
+        x = Buf(xref.ptr, "float32", Layout.strided((C // LANES * N * plane,), None, base))
+        f = global_pool_blocked_func(x, N, C, (ins[0], ins[1]), (top, bottom, left, right), LANES, is_max, name,
+                                     call.names, threads)
+        verify_func(f)
+        return call.emit(f, lambda idx, v: call.store([*idx, *ones], v))
+    flat = _flat_ok(xref, 2) and P >= LANES
+    shape, strides = ((N, C, P), (*xref.strides[:2], 1)) if flat else (xref.shape, xref.strides)
+    x = Buf(xref.ptr, "float32", Layout.strided(shape, strides, xref.offset))
+    f = global_pool_func(x, LANES, is_max, name=name, fresh=call.names, threads=threads)
     _verify_global_once(shape, strides, LANES, is_max, threads)
     return call.emit(f, lambda idx, v: call.store([*idx, *ones], v))
 
