@@ -5,6 +5,7 @@ bottlenecks against onnxruntime on every target the machine runs, on an arena of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,12 +16,13 @@ from test_layouts import _bottlenecks, _ort
 from test_rings import _poisoned, _without_ring_zeroing
 
 import dlcc
+import dlcc.codegen.program as program
 import dlcc.schedule.blocked as blocked
 from dlcc.codegen.cbase import TensorRef
 from dlcc.compiler import build_artifacts
 from dlcc.errors import PassError
 from dlcc.lower.interp import interpret
-from dlcc.lower.kir import Buffer, Program, verify_program
+from dlcc.lower.kir import Buffer, Program, print_program, verify_program
 from dlcc.lower.lir import run_func, verify_func
 from dlcc.schedule.layouts import describe_layouts, layout_figures
 from dlcc.schedule.rings import ring_func
@@ -288,8 +290,8 @@ def test_pools_and_depthwise_read_blocks(target, c, h, n, threads):
 
 
 def test_a_max_pool_reaching_its_padding_keeps_plain_input():
-    """A max pool whose taps reach into its padding (which must hold -inf, not a zero ring) does not read channel
-    blocks: its input stays as it was, and the outputs match onnxruntime."""
+    """A max pool whose taps reach into its padding (which must hold -inf) beside readers that need a zero ring: the
+    input stays as it was, and the outputs match onnxruntime."""
     m, feeds = _windows(64, 14, 1, max_pad=1, seed=5)
     ref = _ort(m, feeds)
     cm = dlcc.compile(m, threads=2)
@@ -297,3 +299,51 @@ def test_a_max_pool_reaching_its_padding_keeps_plain_input():
     got = cm(feeds)
     for name, r in ref.items():
         assert_close(got[name], r, 1e-4, 1e-6)
+
+
+def _stem_pool(c: int = 32, h: int = 28, n: int = 1, k: int = 7, ceil: int = 0, seed: int = 0):
+    """A ResNet stem: a k x k stride-2 convolution (3 -> ``c`` channels, no activation: its outputs take either
+    sign) and a 3x3 stride-2 max pool padded by 1 (``ceil``: ceil_mode)."""
+    rng = np.random.default_rng(seed)
+    w = onnx.numpy_helper.from_array((rng.standard_normal((c, 3, k, k)) / k).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array((rng.standard_normal(c) / 4).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t"], kernel_shape=[k, k], strides=[2, 2], pads=[k // 2] * 4),
+             helper.make_node("MaxPool", ["t"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4,
+                              ceil_mode=ceil)]
+    g = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, h, h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal((n, 3, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("c,h,n,k,ceil,threads", [(64, 56, 1, 7, 0, 1), (32, 30, 2, 3, 0, 2), (64, 27, 1, 7, 1, 2)])
+def test_stem_writes_blocks_that_its_max_pool_reads_in_a_ring_of_minus_inf(target, c, h, n, k, ceil, threads):
+    """The first convolution reads the NCHW image and writes channel blocks (its result was NCHW) with a ring of
+    -inf, which the max pool reading into its padding takes in place of it (no repacking, no workspace); outputs
+    match onnxruntime on an arena of NaNs, and the interpreter; the same ring filled with zeros is wrong (the
+    convolution's outputs take either sign)."""
+    t = get_target(target)
+    m, feeds = _stem_pool(c, h, n, k, ceil, seed=c + h)
+    ref = ort_output(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = _blocked(cm.artifacts)
+    if t.lanes >= 4:
+        (b,) = bl
+        assert b.ring[0] == b.ring[2] == 1 and b.ring_fill == -math.inf
+        pool = next(k for k in p.kernels if b.id in k.reads)
+        assert pool.steps[0].anchor.op_type == "MaxPool" and pool.steps[0].workspace is None
+        assert "nchwc_" not in pool.steps[0].loop_ir and "/* ring of -inf */" in cm.artifacts.csource.source
+        assert "-inf ring" in print_program(p)
+    assert_close(_poisoned(cm, feeds)["y"], ref, 1e-5, 1e-6)
+    assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-5, 1e-6)
+    if bl:
+        orig = program.ring_func
+        try:
+            program.ring_func = lambda view, name, fresh=str: orig(dataclasses.replace(view, ring_fill=0.0), name,
+                                                                    fresh)
+            zeros = dlcc.compile(m, target=t, threads=threads)
+        finally:
+            program.ring_func = orig
+        assert np.max(np.abs(_poisoned(zeros, feeds)["y"] - ref)) > 1e-2 * np.max(np.abs(ref))

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from test_lir import PRELUDE, _build
 
 import dlcc
+import dlcc.schedule.blocked as blocked
 import dlcc.schedule.layouts as layouts
 from dlcc.codegen.cbase import vector_helpers
 from dlcc.codegen.ukernels import micro_c
@@ -186,12 +187,15 @@ def _transposes(cm) -> int:
 
 
 def _plain(m, **kw):
-    orig = layouts.assign_layouts
+    """``m`` compiled with every buffer as the graph has it: no layout assignment, no channel blocks
+    (``schedule.blocked`` also blocks NCHW buffers between convolutions)."""
+    orig = layouts.assign_layouts, blocked.BLOCKED
     try:
         layouts.assign_layouts = lambda *a, **k: 0
+        blocked.BLOCKED = False
         return dlcc.compile(m, **kw)
     finally:
-        layouts.assign_layouts = orig
+        layouts.assign_layouts, blocked.BLOCKED = orig
 
 
 @pytest.mark.parametrize("c,h,n,threads", [(40, 16, 1, 1), (32, 14, 2, 2), (48, 8, 1, 2)])
@@ -343,6 +347,7 @@ def test_bottleneck_trunk_channels_last(c, h, n, threads, monkeypatch):
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
     assert _channels_last(_plain(m, threads=threads)) == 0
     monkeypatch.setattr(layouts, "GLOBAL_POOL_CHANNELS_LAST", False)
+    monkeypatch.setattr(blocked, "BLOCKED_WINDOWS", False)  # (else the NCHW sum is stored in blocks for the pool)
     off = dlcc.compile(m, threads=threads)
     assert not pool_reads_channels_last(off) and _channels_last(off) < _channels_last(cm)
     assert_close(off(feeds)["y"], ref, 1e-4, 1e-6)

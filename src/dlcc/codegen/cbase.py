@@ -120,6 +120,7 @@ class TensorRef:
     # left, right), which a reader may take as the padding
     block: int = 0  # rank 4: channels in blocks of this many (``kir.Buffer.block``: channel c at (c / block) *
     # strides[1] + c % block)
+    ring_fill: float = 0.0  # what the ring holds (``kir.Buffer.ring_fill``): 0, or -inf for a max pool's padding
 
     def __post_init__(self) -> None:
         if not _IDENT.match(self.ptr):

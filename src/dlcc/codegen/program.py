@@ -118,7 +118,7 @@ class _KernelGen:
     def ref(self, bid: int) -> TensorRef:
         b = self.p.buffers[bid]
         root, offset, strides = self.p.window(bid)
-        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset, b.ring, b.block)
+        return TensorRef(f"p_{root.id}", b.dtype, b.shape, strides, offset, b.ring, b.block, b.ring_fill)
 
     def kernel(self, k: Kernel) -> str:
         names = Names()
@@ -143,7 +143,8 @@ class _KernelGen:
         f = ring_func(self.p.buffers[bid], f"p_{root}", names)
         verify_func(f)
         text, _ = print_c(f, {})
-        return f"/* zero ring */\n{{\n{indent(text)}\n}}"
+        what = "zero ring" if not self.p.buffers[bid].ring_fill else "ring of -inf"
+        return f"/* {what} */\n{{\n{indent(text)}\n}}"
 
     def step(self, step: Step, gen: CElements, names: Names) -> str:
         """A copy or a loop step as the loop IR of ``schedule.elementwise.map_func`` (the element each index

@@ -62,6 +62,7 @@ class Buffer:
     data: np.ndarray | None = None  # weights
     ring: tuple[int, ...] = ()  # views: the zero ring around the view's planes in its base (module docstring)
     block: int = 0  # views of rank 4: channels in blocks of this many (NCHW[block]c; module docstring), 0: plain
+    ring_fill: float = 0.0  # what the ring holds: zeros, or -inf where only max pools read it (their padding)
 
     def address_span(self) -> int:
         """Elements from the view's first element to its last (through its strides and channel block)."""
@@ -248,8 +249,9 @@ def print_program(p: Program, memory=None) -> str:
     for b in sorted(p.buffers.values(), key=lambda b: b.id):
         where = ""
         if b.kind == "view":
+            fill = "zero" if not b.ring_fill else f"{b.ring_fill}"
             where = f" = view of b{b.base} at +{b.offset} strides {list(b.strides)}" + (
-                f" zero ring {list(b.ring)}" if b.ring else "") + (f" channel blocks of {b.block}" if b.block else "")
+                f" {fill} ring {list(b.ring)}" if b.ring else "") + (f" channel blocks of {b.block}" if b.block else "")
         elif b.kind == "temp" and memory is not None and b.id in memory.offsets:
             where = f" @ arena+{memory.offsets[b.id]}"
         lines.append(f"  b{b.id:<4} {b.kind:<6} {b.dtype}{list(b.shape)}{where}  # {sanitize_comment(b.name)}")

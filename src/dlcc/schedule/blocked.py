@@ -3,9 +3,9 @@ the convolutions reading them take as they are instead of repacking them.
 
 What goes in: a kernel-IR ``Program`` after layout assignment, the channel-scale fold and the depthwise rings
 (``schedule.rings``), before workspace and memory planning; the ``Target`` and the thread count. What comes out:
-the same program where some channels-last buffers are views that store their channels in blocks of the target's
-vector width (``kir.Buffer.block``) inside a larger buffer that also holds a zero ring around each block's plane
-(``kir.Buffer.ring``) where the readers need one. ``block_buffers`` returns how many.
+the same program where some channels-last or NCHW buffers are views that store their channels in blocks of the
+target's vector width (``kir.Buffer.block``) inside a larger buffer that also holds a ring of zeros (or -inf)
+around each block's plane (``kir.Buffer.ring``) where the readers need one. ``block_buffers`` returns how many.
 
 The Winograd and the blocked direct convolutions (``schedule.winograd``, ``schedule.direct``) repack their input on
 every call into channel blocks of one vector: per block, its plane with a zero ring as wide as the padding (and
@@ -23,28 +23,33 @@ convolutions from the second stage on is stored so but the last sum (which the a
 repacking kernels gone.
 
 A buffer is stored so where all of these hold:
-- it is a channels-last float32 temp (``schedule.layouts``), not a graph output, that nothing views, whose
+- it is a channels-last (``schedule.layouts``) or NCHW float32 temp, not a graph output, that nothing views, whose
   channels are a whole number of vectors;
 - one kernel step writes it: a convolution's blocked direct kernel (whose channel tiles are whole vectors) or
-  its Winograd kernel (whose output transform runs per block of one vector), storing channels-last;
+  its Winograd kernel (whose output transform runs per block of one vector), which then stores it through its
+  epilogue as a channels-last one does (``Step.channels_last``; one that stored NCHW transposed its tiles);
 - every step reading it is a convolution that runs as the Winograd or the blocked direct kernel and reads it
   as its input only (no fused producer, no folded input scale), whose Winograd plan keeps all of the input's
   rows and columns (a ring of at least zero on every side; a direct plan that skips the last ones, a strided
   projection's, reads them in place all the same), all these with the same ring; or a convolution storing
   channels-last whose epilogue reads it (``BLOCKED_RESIDUALS``); or (``BLOCKED_WINDOWS``) a depthwise
   convolution or a 2-D average pool, whose channel-blocked kernel (``schedule.dwconv``) reads each block as the
-  block it would have repacked (``dwconv.reads_ring``: the ring as wide as its padding), a 2-D max pool none of
-  whose taps falls outside the plane (its padding would need -inf, not zeros; any ring), or a global pool (one
-  vector of running results per block, ``pool.global_pool_blocked_func``; any ring); at least one reading it
-  as its input.
+  block it would have repacked (``dwconv.reads_ring``: the ring as wide as its padding), a 2-D max pool (any ring
+  where none of its taps falls outside the plane; else a ring of -inf, ``kir.Buffer.ring_fill``, which its
+  writer fills as it would zero one: then no other reader may need zeros there), or a global pool (one vector of
+  running results per block, ``pool.global_pool_blocked_func``; any ring); at least one reading it as its input.
 The ring and the planes' extent are the input readers' plan's (``workspace.reader_plan``), which the conv and pool
-templates check again when they print each reader. In ResNet-50 the last sum is stored so too (its 7x7 average pool
-read it repacked); MobileNetV2's and EfficientNet-B0's last convolutions' results, which a global pool reads; and
-where a convolution writes the input of a depthwise one that no zero ring takes (more than
-``rings.RING_MAX_CHANNELS`` channels, where a channels-last ring spreads a tile over few L1 sets: blocks do not).
+templates check again when they print each reader. In ResNet-50 the stem's result is stored so (ring of -inf),
+which the first max pool reads, where the stem stored NCHW (its tiles transposed: 2.31 -> 2.17 ms, the pool 0.158
+-> 0.166 ms, Zen 4, 1 thread), and the last sum (its 7x7 average pool read it repacked); MobileNetV2's and
+EfficientNet-B0's last convolutions' results, which a global pool reads; and where a convolution writes the input
+of a depthwise one that no zero ring takes (more than ``rings.RING_MAX_CHANNELS`` channels, where a channels-last
+ring spreads a tile over few L1 sets: blocks do not).
 """
 
 from __future__ import annotations
+
+import math
 
 from dlcc.lower.kir import Buffer, Program, Step
 from dlcc.schedule.dwconv import padded_extent, pool_max_inside
@@ -59,6 +64,7 @@ BLOCKED = True  # switch: convolutions read an input that their input's writer s
 BLOCKED_RESIDUALS = True  # ... also where a convolution's epilogue reads it (a residual add), per block of channels
 BLOCKED_WINDOWS = True  # ... also where depthwise convolutions and pools read it (in place: ``dwconv.reads_ring``)
 WINDOWED = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+Need = tuple[tuple[int, int, int, int], float]  # a reader's ring (above, below, left, right) and what it holds
 
 
 class _Blocked(_Layouts):
@@ -70,7 +76,7 @@ class _Blocked(_Layouts):
             return None
         w = steps[0]
         if (w.kind != "template" or w.anchor is None or w.producer is not None or w.scratch is not None
-                or not w.channels_last or self.conv_form(w.anchor) is None):
+                or self.conv_form(w.anchor) is None):
             return None
         return w
 
@@ -94,11 +100,11 @@ class _Blocked(_Layouts):
             return ring[0], max(0, ring[1]), ring[2], max(0, ring[3])
         return ring if min(ring) >= 0 else None
 
-    def window_ring(self, r: Step, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None | bool:
+    def window_ring(self, r: Step, shape: tuple[int, ...]) -> Need | bool | None:
         """What step ``r``'s depthwise convolution or pool needs to read its input (of ``shape``) in channel blocks
-        where they are (``dwconv.reads_ring``): the zero ring holding every tap outside the plane; True where any
-        ring does (a max pool none of whose taps falls outside the plane, a global pool); None where its
-        channel-blocked kernel would not read them (no such kernel: False)."""
+        where they are (``dwconv.reads_ring``): the ring holding every tap outside the plane, of zeros, or of -inf
+        for a max pool (its padding); True where any ring does (a max pool none of whose taps falls outside the
+        plane, a global pool); None where its channel-blocked kernel would not read them."""
         node = r.anchor
         if node.op_type in ("MaxPool", "AveragePool") and r.channels_last:
             return None  # (its channel-blocked kernel stores a plain destination)
@@ -108,20 +114,22 @@ class _Blocked(_Layouts):
         if geo is None or self.target.lanes < 4:
             return None
         g = geo[0]
+        hp, wp = padded_extent(g)
+        ring = (g.ph, max(0, hp - g.ph - g.h), g.pw, max(0, wp - g.pw - g.w))
         if node.op_type == "MaxPool":
             if len(node.outputs) > 1 and node.outputs[1] is not None and node.outputs[1].uses():
                 return None
-            return True if pool_max_inside(g) else None
-        hp, wp = padded_extent(g)
-        return g.ph, max(0, hp - g.ph - g.h), g.pw, max(0, wp - g.pw - g.w)
+            return True if pool_max_inside(g) else (ring, -math.inf)
+        return ring, 0.0
 
-    def readers_ring(self, bid: int) -> tuple[int, int, int, int] | None:
-        """The ring buffer ``bid`` gets where every step reading it takes it in channel blocks: convolutions reading
-        it as their input (module docstring), all within the same ring, and convolutions storing channels-last whose
-        epilogue reads it (a residual add: then per block of channels); None where another step reads it, or none
-        reads it as its input."""
+    def readers_ring(self, bid: int) -> Need | None:
+        """The ring (and what it holds) buffer ``bid`` gets where every step reading it takes it in channel blocks:
+        convolutions, depthwise convolutions and pools reading it as their input (module docstring), all within the
+        same ring, and convolutions storing channels-last whose epilogue reads it (a residual add: then per block of
+        channels); None where another step reads it, or none reads it as its input."""
         vals = self.values_of([bid])
-        ring, read = None, False
+        need: Need | None = None
+        read = False
         for r in self.reading_steps([bid]):
             if r.kind != "template" or r.anchor is None or r.producer is not None:
                 return None
@@ -133,49 +141,56 @@ class _Blocked(_Layouts):
                 shape = self.p.buffers[bid].shape
                 mine = self.window_ring(r, shape) if BLOCKED_WINDOWS and r.anchor.op_type in WINDOWED else None
                 if mine is None:
-                    mine = self.input_ring(r, shape)
-                if mine is None or (ring is not None and mine is not True and mine != ring):
+                    ring = self.input_ring(r, shape)
+                    mine = (ring, 0.0) if ring is not None else None
+                if mine is None or (need is not None and mine is not True and mine != need):
                     return None
                 read = True
                 if mine is not True:
-                    ring = mine
+                    need = mine
             elif not (BLOCKED_RESIDUALS and r.channels_last and r.scratch is None
                       and self.conv_form(r.anchor) is not None
                       and int(r.anchor.outputs[0].shape[1]) % self.target.lanes == 0):
                 return None
-        return ring if ring is not None or not read else (0, 0, 0, 0)
+        return need if need is not None or not read else ((0, 0, 0, 0), 0.0)
 
-    def candidate(self, bid: int) -> tuple[int, int, int, int] | None:
-        """The ring buffer ``bid`` gets where it can be stored in channel blocks (module docstring), else None."""
+    def candidate(self, bid: int) -> Need | None:
+        """The ring (and what it holds) buffer ``bid`` gets where it can be stored in channel blocks (module
+        docstring), else None."""
         b = self.p.buffers[bid]
         lanes = self.target.lanes
-        if (b.kind != "temp" or b.dtype != "float32" or not is_channels_last(b) or bid in self.p.outputs
-                or b.shape[1] % lanes or any(o.kind == "view" and o.base == bid for o in self.p.buffers.values())):
+        if (b.kind != "temp" or b.dtype != "float32" or len(b.shape) != 4 or b.shape[1] % lanes
+                or not (is_channels_last(b) or b.contiguous) or bid in self.p.outputs
+                or any(o.kind == "view" and o.base == bid for o in self.p.buffers.values())):
             return None
         return self.readers_ring(bid) if self.writer(bid) is not None else None
 
-    def give(self, bid: int, ring: tuple[int, int, int, int]) -> None:
-        """Buffer ``bid`` becomes a view in channel blocks of a new temp holding its blocks' planes with ``ring``."""
+    def give(self, bid: int, need: Need) -> None:
+        """Buffer ``bid`` becomes a view in channel blocks of a new temp holding its blocks' planes with the ring of
+        ``need``; its writer stores it so (a convolution that stored NCHW now stores through its epilogue, as a
+        channels-last one does)."""
+        (top, bottom, left, right), fill = need
+        ring = (top, bottom, left, right)
         b = self.p.buffers[bid]
         n, c, h, w = b.shape
         lanes = self.target.lanes
-        top, bottom, left, right = ring
         hr, wr = h + top + bottom, w + left + right
         plane = hr * wr * lanes
         root = max(self.p.buffers) + 1
         self.p.buffers[root] = Buffer(root, "temp", b.dtype, (c // lanes, n, hr, wr, lanes), b.name)
         self.p.buffers[bid] = Buffer(bid, "view", b.dtype, b.shape, b.name, base=root,
                                      offset=(top * wr + left) * lanes, strides=(plane, n * plane, wr * lanes, lanes),
-                                     ring=ring if any(ring) else (), block=lanes)
+                                     ring=ring if any(ring) else (), block=lanes, ring_fill=fill if any(ring) else 0.0)
+        self.writer(bid).channels_last = True
         for k in self.writers(bid):
             k.writes.append(root)  # (the ring: written by the kernel writing the view, before its step)
 
     def run(self) -> int:
         given = 0
         for bid in list(self.p.buffers):
-            ring = self.candidate(bid)
-            if ring is not None:
-                self.give(bid, ring)
+            need = self.candidate(bid)
+            if need is not None:
+                self.give(bid, need)
                 given += 1
         return given
 

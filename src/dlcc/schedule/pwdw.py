@@ -404,7 +404,8 @@ def window_geometry(node: ir.Node, kernel: tuple[int, int] | None = None) -> tup
     """(geometry, batch) of a 2-D window over (N, C, H, W): a depthwise convolution's (``kernel``: its weight's kh,
     kw) or a pool's (``kernel`` None: its kernel_shape), from the input and output shapes, strides, dilations and
     padding; None where they are not known or not consistent."""
-    xs, ys = _dims(node.inputs[0]), _dims(node.outputs[0])
+    xs, ys = (None if v is None or v.shape is None or not all(isinstance(d, int) for d in v.shape)
+              else tuple(int(d) for d in v.shape) for v in (node.inputs[0], node.outputs[0]))
     attr = node_attr(node)
     if kernel is None:
         ks = attr("kernel_shape", None)

@@ -147,7 +147,8 @@ def ring_func(view: Buffer, name: str, fresh=str) -> Func:
     """The loop IR zeroing the ring of ``view`` (an (N, C, H, W) view with ``ring``, channels-last in its base, or
     in channel blocks (``Buffer.block``) whose planes follow one another, each block's plane channels-last): per
     plane, the rows above and the first row's left columns, then between each row's right columns and the next
-    row's left ones, then the last row's right columns and the rows below, each one contiguous run."""
+    row's left ones, then the last row's right columns and the rows below, each one contiguous run (with -inf
+    instead of zeros where the view's ``ring_fill`` says so: a ring only max pools read)."""
     n0, c0, h, w = view.shape
     top, bottom, left, right = view.ring
     c = view.block or c0  # (the channels of one plane: a block's, or all of them)
@@ -160,7 +161,7 @@ def ring_func(view: Buffer, name: str, fresh=str) -> Func:
         raise ValueError("ring: the view is not float32 with channels-last planes one after the other in its base")
     base = Buf(name, view.dtype, Layout.strided((n * plane,)))
     b, q, y = Var(fresh("b")), Var(fresh("q")), Var(fresh("y"))
-    zero = Const(0.0, "float32")
+    zero = Const(float(view.ring_fill), "float32")  # (or -inf: ``Buffer.ring_fill``)
 
     def run(start, length: int) -> Stmt:
         return For(q, Const(0), Const(length), (Store(base, (b * plane + start + q,), zero),), "vectorized")

@@ -164,6 +164,8 @@ def conv(call: TemplateCall) -> str:
                    and call.input_scale is None and trim_taps(g)[0] == g
                    and use_winograd(g, M, N, call.target, call.threads))
     if xref.block:  # an input in the channel blocks its Winograd or direct kernel reads (``schedule.blocked``)
+        if xref.ring_fill:
+            raise TemplateError("Conv: internal: an input in channel blocks whose ring is not zeros")
         blocked = _winograd(call, xref, w4, bref, g) if winograd_ok else None
         if blocked is None and direct_ok:
             blocked = _blocked_direct(call, xref, w4, bref, g)
@@ -576,7 +578,7 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
     trivial = call.direct and bref is None
     # (a ring, or channel blocks: read in place)
     plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring, xref.block)
-    if xref.block and (plan is None or not plan.blocked):
+    if xref.block and (plan is None or not plan.blocked or xref.ring_fill):
         raise TemplateError(f"Conv: internal: an input in channel blocks (strides {xref.strides}, ring {xref.ring}) "
                             "that the depthwise kernel does not read in place")
     ws = call.workspace

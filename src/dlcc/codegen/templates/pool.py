@@ -135,7 +135,8 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
     weights (the plane kernel's one row shared by every channel: channel stride 0), then the epilogue divides
     by the window's count (a compile-time table of reciprocals per output pixel, as count_include_pad and the
     padding give it). MaxPool: the maximum forms. An input stored in channel blocks (``schedule.blocked``) is read
-    where it is: a zero ring holding every tap outside the plane (AveragePool), or no tap outside it (MaxPool)."""
+    where it is: a zero ring holding every tap outside the plane (AveragePool), a ring of -inf or no tap outside it
+    (MaxPool)."""
     N, C, H, W = xref.shape
     oh, ow = outs
     g = ConvGeometry(C, H, W, oh, ow, ks[0], ks[1], strides[0], strides[1], dils[0], dils[1], pb[0], pb[1])
@@ -148,7 +149,9 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
     epilogue = recip is not None or not call.direct
     if xref.block:
         plan = plan_dwc(g, N, call.target, call.threads, xref.strides, xref.ring, xref.block)
-        if plan is None or not plan.blocked or (recip is None and not pool_max_inside(g)):
+        # (a max pool reaching into its padding reads -inf there; the others zeros, or nothing)
+        ring_ok = pool_max_inside(g) or xref.ring_fill == (-math.inf if recip is None else 0.0)
+        if plan is None or not plan.blocked or not ring_ok:
             raise TemplateError(f"{call.node.op_type}: internal: an input in channel blocks (strides {xref.strides}, "
                                 f"ring {xref.ring}) that the pool does not read in place")
     else:
