@@ -239,7 +239,7 @@ def global_pool_blocked_func(x: Buf, batch: int, channels: int, plane: tuple[int
                              ring: tuple[int, int, int, int], lanes: int, is_max: bool, name: str = "global_pool",
                              fresh: Callable[[str], str] | None = None, threads: int = 1) -> Func:
     """The average (or maximum) of each (H, W) ``plane`` of an input stored in channel blocks of ``lanes`` (``x``:
-    its base as one flat run, blocks outside the ``batch`` images, each block's plane within its zero ``ring``,
+    its base as one flat run, blocks outside the ``batch`` images, each block's plane within its ``ring``,
     rows above, below, columns left, right: ``schedule.blocked``), handed to the epilogue as element (n, c). Per
     block (threads over shares of the blocks) and image: one vector of running results set to the neutral value,
     combined with each pixel's block of channels (one vector load, the ring skipped), then divided (average)."""
