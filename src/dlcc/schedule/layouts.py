@@ -507,8 +507,8 @@ def describe_layouts(fig: dict | None) -> str:
     return (f"{n} buffer{'s' * (n != 1)} stored channels-last, {r} NCHW <-> NHWC Transpose"
             f"{'s' * (r != 1)} removed, {left} left"
             + (f", {z} with a zero ring read in place by depthwise convolutions" if z else "")
-            + (f"; {bl} stored in channel blocks (NCHWc) with a zero ring, read in place by convolutions and "
-               "pools" if bl else "")
+            + (f"; {bl} stored in channel blocks (NCHWc) with a ring (zeros, or -inf for max pools), read in place "
+               "by convolutions and pools" if bl else "")
             + (f"; {k} kernel{'s' * (k != 1)} repack{'s' * (k == 1)} {'its' if k == 1 else 'their'} input into "
                "channel blocks on every call" if k else ""))
 
