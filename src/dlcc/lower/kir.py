@@ -44,7 +44,7 @@ import onnx_ir as ir
 from dlcc.errors import PassError
 from dlcc.util import contiguous_strides, sanitize_comment
 
-__all__ = ["Buffer", "Kernel", "Program", "Step", "print_program", "verify_program"]
+__all__ = ["Buffer", "Kernel", "Program", "Step", "blocked_strides", "print_program", "verify_program"]
 
 KINDS = ("input", "output", "weight", "temp", "view")
 
@@ -193,6 +193,14 @@ class Program:
             offset += b.offset
             b = self.buffers[b.base]
         return b, offset, strides
+
+
+def blocked_strides(rows: int, cols: int, batch: int, block: int) -> tuple[int, int, int, int]:
+    """The element strides (NCHW order: image, channel block, row, column) of a view in channel blocks of ``block``
+    (``Buffer.block``) whose blocks' planes are ``rows`` x ``cols`` pixels, its ring included, one after the other
+    for the ``batch`` images, the blocks outside them."""
+    plane = rows * cols * block
+    return plane, batch * plane, cols * block, block
 
 
 def verify_program(p: Program) -> None:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 
-from dlcc.lower.kir import Buffer, Program, Step
+from dlcc.lower.kir import Buffer, Program, Step, blocked_strides
 from dlcc.schedule.dwconv import padded_extent, pool_max_inside
 from dlcc.schedule.layouts import _Layouts, is_channels_last
 from dlcc.schedule.pwdw import depthwise_geometry, pool_geometry
@@ -175,11 +175,10 @@ class _Blocked(_Layouts):
         n, c, h, w = b.shape
         lanes = self.target.lanes
         hr, wr = h + top + bottom, w + left + right
-        plane = hr * wr * lanes
         root = max(self.p.buffers) + 1
         self.p.buffers[root] = Buffer(root, "temp", b.dtype, (c // lanes, n, hr, wr, lanes), b.name)
         self.p.buffers[bid] = Buffer(bid, "view", b.dtype, b.shape, b.name, base=root,
-                                     offset=(top * wr + left) * lanes, strides=(plane, n * plane, wr * lanes, lanes),
+                                     offset=(top * wr + left) * lanes, strides=blocked_strides(hr, wr, n, lanes),
                                      ring=ring if any(ring) else (), block=lanes, ring_fill=fill if any(ring) else 0.0)
         self.writer(bid).channels_last = True
         for k in self.writers(bid):

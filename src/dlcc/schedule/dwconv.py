@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlcc.lower.kir import blocked_strides
 from dlcc.lower.lir import (
     Alloc,
     Bin,
@@ -178,9 +179,8 @@ def reads_ring(g: ConvGeometry, strides: Sequence[int] | None, ring: Sequence[in
     hp, wp = padded_extent(g)
     inside = top >= g.ph and left >= g.pw and g.h + bottom >= hp - g.ph and g.w + right >= wp - g.pw
     if block:
-        row = (g.w + left + right) * lanes
-        plane = (g.h + top + bottom) * row
-        return block == lanes and tuple(strides) == (plane, batch * plane, row, lanes) and inside
+        return block == lanes and tuple(strides) == blocked_strides(g.h + top + bottom, g.w + left + right, batch,
+                                                                    lanes) and inside
     row = (g.w + left + right) * g.ci
     return tuple(strides[1:]) == (1, row, g.ci) and strides[0] == (g.h + top + bottom) * row and inside
 

@@ -161,10 +161,10 @@ def ring_func(view: Buffer, name: str, fresh=str) -> Func:
         raise ValueError("ring: the view is not float32 with channels-last planes one after the other in its base")
     base = Buf(name, view.dtype, Layout.strided((n * plane,)))
     b, q, y = Var(fresh("b")), Var(fresh("q")), Var(fresh("y"))
-    zero = Const(float(view.ring_fill), "float32")  # (or -inf: ``Buffer.ring_fill``)
+    fill = Const(float(view.ring_fill), "float32")  # (zeros, or -inf: ``Buffer.ring_fill``)
 
     def run(start, length: int) -> Stmt:
-        return For(q, Const(0), Const(length), (Store(base, (b * plane + start + q,), zero),), "vectorized")
+        return For(q, Const(0), Const(length), (Store(base, (b * plane + start + q,), fill),), "vectorized")
 
     first = (top * wr + left) * c
     body: list[Stmt] = [run(Const(0), first)] if first else []

@@ -31,6 +31,7 @@ import numpy as np
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef, split_channel
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.matmul import _verify_packed_once
+from dlcc.lower.kir import blocked_strides
 from dlcc.lower.lir import Buf, Cast, Const, For, Func, Layout, Store, Var, verify_func
 from dlcc.lower.micro import post_tag
 from dlcc.schedule.convrows import RowsPlan, conv_rows_plan, pack_rows, rows_func, weight_layout
@@ -529,8 +530,7 @@ def _blocked_base(xref: TensorRef, plan: DirectPlan | WinoPlan) -> int:
     """The floats of the base of input ``xref``, held in the channel blocks ``plan`` reads (``schedule.blocked``): as
     the repacking would have stored them, blocks outside images, each block's plane ``hp`` x ``wp`` with the zero
     ring, the input at row ``rh`` and column ``rw`` of it; raises TemplateError where it is not so."""
-    plane = plan.hp * plan.wp * plan.cbi
-    expect = (plane, plan.batch * plane, plan.wp * plan.cbi, plan.cbi)
+    expect = blocked_strides(plan.hp, plan.wp, plan.batch, plan.cbi)
     if xref.block != plan.cbi or xref.strides != expect or xref.offset != (plan.rh * plan.wp + plan.rw) * plan.cbi:
         raise TemplateError(f"Conv: internal: an input in channel blocks of {xref.block} (strides {xref.strides}, "
                             f"at {xref.offset}) that the plan does not read")

@@ -28,6 +28,7 @@ import numpy as np
 from dlcc.codegen.cbase import TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.conv import _flat_ok, _ints, _pixel_store, _verify_dwc_once, spatial_pads
+from dlcc.lower.kir import blocked_strides
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, dw_func, dwc_func, pack_dwc, plan_dwc, pool_max_inside
 from dlcc.schedule.gemm import ConvGeometry
@@ -220,15 +221,15 @@ def global_pool(call: TemplateCall) -> str:
         if xref.block != LANES or len(ins) != 2:
             raise TemplateError(f"{op}: internal: an input in channel blocks of {xref.block} that it cannot read")
         top, bottom, left, right = xref.ring or (0, 0, 0, 0)
-        row = (ins[1] + left + right) * LANES
+        expect = blocked_strides(ins[0] + top + bottom, ins[1] + left + right, N, LANES)
+        plane, _, row, _ = expect
         base = xref.offset - top * row - left * LANES
-        plane = (ins[0] + top + bottom) * row
-        if xref.strides != (plane, N * plane, row, LANES) or base < 0:
+        if xref.strides != expect or base < 0:
             raise TemplateError(f"{op}: internal: an input in channel blocks (strides {xref.strides}) it cannot read")
         x = Buf(xref.ptr, "float32", Layout.strided((C // LANES * N * plane,), None, base))
         f = global_pool_blocked_func(x, N, C, (ins[0], ins[1]), (top, bottom, left, right), LANES, is_max, name,
                                      call.names, threads)
-        verify_func(f)
+        _verify_global_blocked_once(N, C, (ins[0], ins[1]), (top, bottom, left, right), LANES, is_max, threads)
         return call.emit(f, lambda idx, v: call.store([*idx, *ones], v))
     flat = _flat_ok(xref, 2) and P >= LANES
     shape, strides = ((N, C, P), (*xref.strides[:2], 1)) if flat else (xref.shape, xref.strides)
@@ -243,6 +244,14 @@ def _verify_global_once(shape: tuple[int, ...], strides: tuple[int, ...], lanes:
                         threads: int = 1) -> None:
     verify_func(global_pool_func(Buf("x", "float32", Layout.strided(shape, strides)), lanes, is_max,
                                  threads=threads))
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_global_blocked_once(batch: int, channels: int, plane: tuple[int, int], ring: tuple[int, int, int, int],
+                                lanes: int, is_max: bool, threads: int) -> None:
+    size = channels * batch * (plane[0] + ring[0] + ring[1]) * (plane[1] + ring[2] + ring[3])
+    verify_func(global_pool_blocked_func(Buf("x", "float32", Layout.strided((size,))), batch, channels, plane, ring,
+                                         lanes, is_max, threads=threads))
 
 
 @register("LRN", needs_buffers=True)
