@@ -347,3 +347,137 @@ def test_stem_writes_blocks_that_its_max_pool_reads_in_a_ring_of_minus_inf(targe
         finally:
             program.ring_func = orig
         assert np.max(np.abs(_poisoned(zeros, feeds)["y"] - ref)) > 1e-2 * np.max(np.abs(ref))
+
+
+def _fire(c1: int = 32, c2: int = 48, h: int = 13, n: int = 1, reader: str = "Conv", seed: int = 0):
+    """Two 3x3 convolutions of the image (16 -> ``c1`` and 16 -> ``c2`` channels, no activation: their outputs take
+    either sign), concatenated along the channels, then read by a 3x3 convolution
+    (padded 1, -> 32 channels) or a 3x3 max pool (stride 1, padded 1): SqueezeNet's fire module, Inception's pool
+    branch."""
+    rng = np.random.default_rng(seed)
+    arrays = {"w1": rng.standard_normal((c1, 16, 3, 3)) / 12, "b1": rng.standard_normal(c1) / 4,
+              "w2": rng.standard_normal((c2, 16, 3, 3)) / 12, "b2": rng.standard_normal(c2) / 4}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["a"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Conv", ["x", "w2", "b2"], ["b"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Concat", ["a", "b"], ["t"], axis=1)]
+    if reader == "Conv":
+        arrays["w3"] = rng.standard_normal((32, c1 + c2, 3, 3)) / np.sqrt(9 * (c1 + c2))
+        nodes.append(helper.make_node("Conv", ["t", "w3"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
+    else:
+        nodes.append(helper.make_node("MaxPool", ["t"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
+    g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("c1,c2,h,n,reader,threads", [(32, 48, 13, 1, "Conv", 1), (32, 16, 14, 2, "Conv", 2),
+                                                     (48, 32, 13, 2, "MaxPool", 2), (24, 40, 13, 1, "Conv", 2)])
+def test_concat_slices_are_written_in_blocks(target, c1, c2, h, n, reader, threads):
+    """A Concat along the channels whose inputs two convolutions write: stored in channel blocks with the ring its
+    reader needs (zeros for a padded convolution, -inf for a padded max pool), each convolution storing its slice's
+    blocks in place (no scratch, no copy) and the reader reading them with no repacking; outputs match onnxruntime
+    on an arena of NaNs (the first writer fills the ring of every slice on every call), and the interpreter; without
+    the ring filled the run is wrong. Slices that are not whole vectors (24 and 40 channels on 16 lanes) stay as they
+    were."""
+    t = get_target(target)
+    m, feeds = _fire(c1, c2, h, n, reader, seed=c1 + h)
+    ref = ort_output(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = _blocked(cm.artifacts)
+    if t.lanes < 4 or c1 % t.lanes or c2 % t.lanes:
+        assert not bl
+    else:
+        assert sorted(b.name for b in bl) == ["a", "b", "t"]
+        (whole,) = (b for b in bl if b.name == "t")
+        assert whole.ring == (1, 1, 1, 1) and whole.ring_fill == (-math.inf if reader == "MaxPool" else 0.0)
+        assert len({b.base for b in bl}) == 1 and all(b.ring == whole.ring and b.strides == whole.strides for b in bl)
+        a, b = sorted((b for b in bl if b.name != "t"), key=lambda b: b.offset)
+        assert a.offset == whole.offset and b.offset == whole.offset + c1 // t.lanes * whole.strides[1]
+        writers = [s for k in p.kernels for s in k.steps if s.outputs and p.value_buffer.get(s.outputs[0]) in (
+            a.id, b.id)]
+        assert len(writers) == 2 and all(s.scratch is None and s.channels_last for s in writers)
+        root = [k for k in p.kernels if whole.base in k.writes]
+        assert len(root) == 1 and any(s in root[0].steps for s in writers)
+        reader_k = next(k for k in p.kernels if whole.id in k.reads)
+        assert reader_k.steps[0].anchor.op_type == reader and "nchwc_" not in reader_k.steps[0].loop_ir
+    assert_close(_poisoned(cm, feeds)["y"], ref, 1e-4, 1e-6)
+    assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)
+    if bl and reader == "Conv":
+        out = _poisoned(_without_ring_zeroing(m, target=t, threads=threads), feeds)["y"]
+        assert np.isnan(out).any() or np.max(np.abs(out - ref)) > 1e-2 * np.max(np.abs(ref))
+    elif bl:  # (a max over NaNs may skip them: the ring filled with zeros instead of -inf is wrong)
+        orig = program.ring_func
+        try:
+            program.ring_func = lambda view, name, fresh=str: orig(dataclasses.replace(view, ring_fill=0.0), name,
+                                                                    fresh)
+            zeros = dlcc.compile(m, target=t, threads=threads)
+        finally:
+            program.ring_func = orig
+        assert np.max(np.abs(_poisoned(zeros, feeds)["y"] - ref)) > 1e-2 * np.max(np.abs(ref))
+
+
+def _window_then_conv(kind: str, c: int = 32, h: int = 14, n: int = 1, first: bool = True, seed: int = 0):
+    """A ``kind`` window (a 3x3 depthwise convolution padded 1 with Relu, a 2x2 stride-2 max pool, a 3x3 average pool
+    padded 1, its padding not counted) whose result a 3x3 convolution (padded 1, ``c`` -> 16 channels) reads; the
+    window reads a 3x3 convolution's result (16 -> ``c``, no activation) where ``first``, else the graph's input
+    (``c`` channels, NCHW)."""
+    rng = np.random.default_rng(seed)
+    arrays = {"w2": rng.standard_normal((16, c, 3, 3)) / np.sqrt(9 * c)}
+    nodes = []
+    x, cin = "x", c
+    if first:
+        arrays["w1"], arrays["b1"] = rng.standard_normal((c, 16, 3, 3)) / 12, rng.standard_normal(c) / 4
+        nodes.append(helper.make_node("Conv", ["x", "w1", "b1"], ["t"], kernel_shape=[3, 3], pads=[1] * 4))
+        x, cin = "t", 16
+    if kind == "Depthwise":
+        arrays["dw"] = rng.standard_normal((c, 1, 3, 3)) / 3
+        nodes += [helper.make_node("Conv", [x, "dw"], ["u_c"], kernel_shape=[3, 3], pads=[1] * 4, group=c),
+                  helper.make_node("Relu", ["u_c"], ["u"])]
+    elif kind == "MaxPool":
+        nodes.append(helper.make_node("MaxPool", [x], ["u"], kernel_shape=[2, 2], strides=[2, 2]))
+    else:
+        nodes.append(helper.make_node("AveragePool", [x], ["u"], kernel_shape=[3, 3], pads=[1] * 4))
+    nodes.append(helper.make_node("Conv", ["u", "w2"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
+    g = helper.make_graph(nodes, "window", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal((n, cin, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("kind,c,h,n,first,threads", [
+    ("Depthwise", 48, 14, 1, True, 1), ("MaxPool", 48, 14, 2, True, 2), ("AveragePool", 32, 13, 1, True, 2),
+    ("MaxPool", 32, 28, 1, False, 1), ("Depthwise", 48, 13, 2, False, 2)])
+def test_pools_and_depthwise_write_blocks(target, kind, c, h, n, first, threads):
+    """A depthwise convolution, a max pool and an average pool store their result in the channel blocks (with the
+    zero ring) that the 3x3 convolution reading it takes in place: their tiles pixel-major, each pixel's block of
+    channels one vector through the epilogue (``dwcp_``, ``dwcmaxp_``), reading their own input in blocks (or
+    repacking the graph's NCHW input); outputs match onnxruntime on an arena of NaNs, and the interpreter; without
+    the ring zeroed the run is wrong."""
+    t = get_target(target)
+    m, feeds = _window_then_conv(kind, c, h, n, first, seed=c + h)
+    ref = ort_output(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = {b.name: b for b in _blocked(cm.artifacts)}
+    if t.lanes < 4 or c % t.lanes:
+        assert not bl
+    else:
+        assert sorted(bl) == (["t", "u"] if first else ["u"])
+        u = bl["u"]
+        assert u.ring == (1, 1, 1, 1) and u.ring_fill == 0.0
+        (win,) = (k for k in p.kernels if u.id in k.writes)
+        (conv,) = (k for k in p.kernels if u.id in k.reads)
+        assert win.steps[0].channels_last and "nchwc_" not in conv.steps[0].loop_ir
+        assert ("nchwc_" in win.steps[0].loop_ir) == (not first)
+        assert ("dwcmaxp_" if kind == "MaxPool" else "dwcp_") in win.steps[0].loop_ir
+    assert_close(_poisoned(cm, feeds)["y"], ref, 1e-4, 1e-6)
+    assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)
+    if bl:
+        out = _poisoned(_without_ring_zeroing(m, target=t, threads=threads), feeds)["y"]
+        assert np.isnan(out).any() or np.max(np.abs(out - ref)) > 1e-2 * np.max(np.abs(ref))

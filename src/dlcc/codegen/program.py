@@ -140,7 +140,11 @@ class _KernelGen:
         if root is None or root in self.zeroed:
             return ""  # (the views written over it in place later find it zero)
         self.zeroed.add(root)
-        f = ring_func(self.p.buffers[bid], f"p_{root}", names)
+        # (of all of the root's blocks: a Concat's slices in channel blocks are views of one root, which the first
+        # of their writers zeroes for all of them through the Concat's result, the view with all the channels)
+        view = max((b for b in self.p.buffers.values() if b.kind == "view" and b.base == root and b.ring),
+                   key=lambda b: b.shape[1], default=self.p.buffers[bid])
+        f = ring_func(view, f"p_{root}", names)
         verify_func(f)
         text, _ = print_c(f, {})
         what = "zero ring" if not self.p.buffers[bid].ring_fill else "ring of -inf"

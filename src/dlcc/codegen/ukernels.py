@@ -42,7 +42,7 @@ _IM2COL = re.compile(r"im2col_(\d+(?:_\d+){13})$")
 _DWPLANE = re.compile(r"dw(max)?plane_(\d+(?:_\d+){12})$")
 _DCONV = re.compile(r"dconv(a?)(p?)_(\d+)x(\d+)_(\d+(?:_\d+){8,9})(?:_n(\d+))?(?:_q(\d+)_(\d+))?(?:_f(\d+))?$")
 _NCHWC = re.compile(r"nchwc_(\d+(?:_\d+){6,7})(_m)?(_s)?$")
-_DWC = re.compile(r"dwc(max|p)?_(\d+(?:_\d+){7})(?:_x(\d+))?$")
+_DWC = re.compile(r"dwc(max)?(p)?_(\d+(?:_\d+){7})(?:_x(\d+))?$")
 _GEMMB = re.compile(r"gemmb_(\d+)x(\d+)_(\d+)$")
 _GEMMR = re.compile(r"gemm([rq])_(\d+)x(\d+)_(\d+)(?:_v\d+)?(?:_f(\d+)x(\d+))?$")
 _GEMMQE = re.compile(r"gemmqe_(\d+)x(\d+)_(\d+)_v\d+_(n|r|c[0-9a-f]{8}_[0-9a-f]{8})$")
@@ -69,8 +69,8 @@ def micro_c(name: str, lanes: int) -> str:
                       scaled=bool(m.group(3)))
     m = _DWC.match(name)
     if m is not None:
-        return _dwc(name, *(int(v) for v in m.group(2).split("_")), lanes=lanes, pool_max=m.group(1) == "max",
-                    pixel_major=m.group(1) == "p", xpix=int(m.group(3) or 0))
+        return _dwc(name, *(int(v) for v in m.group(3).split("_")), lanes=lanes, pool_max=bool(m.group(1)),
+                    pixel_major=bool(m.group(2)), xpix=int(m.group(4) or 0))
     m = _GEMMR.match(name)
     if m is not None:
         return _gemm(int(m.group(2)), int(m.group(3)), lanes, lda=int(m.group(4)), split=m.group(1) == "q",

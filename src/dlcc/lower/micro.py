@@ -332,16 +332,15 @@ def dwc_micro(cbi: int, px: int, kh: int, kw: int, sw: int, dh: int, dw: int, xr
     """The name of a depthwise-convolution register tile (``cbi`` channels x ``px`` pixels of an output row)
     over a channel block in ``nchwc_``'s layout, registering its contract on first use (module docstring).
     ``pool_max`` (``dwcmax_``): the maximum of the taps' inputs instead (w unread; a NaN never replaces the
-    running maximum, which starts at -inf). ``pixel_major`` (``dwcp_``): the tile stored as it is held, each
-    pixel's ``cbi`` channels one vector at ``c + p*cbi`` (``ldc`` unread): for a channels-last output.
+    running maximum, which starts at -inf). ``pixel_major`` (``dwcp_``, ``dwcmaxp_``): the tile stored as it is
+    held, each pixel's ``cbi`` channels one vector at ``c + p*cbi`` (``ldc`` unread): for a channels-last output,
+    or one in channel blocks.
     ``xpix``: the input's pixels this many floats apart (0: ``cbi``, a repacked block; name ending ``_x{xpix}``
     otherwise: a channels-last input with a zero ring read where it is, its pixels all its channels apart)."""
-    if pool_max and pixel_major:
-        raise ValueError("dwc micro-kernel: a pixel-major max tile is not built")
     xpix = xpix or cbi
     if xpix < cbi:
         raise ValueError("dwc micro-kernel: pixels closer than a block of channels")
-    kind = "dwcmax_" if pool_max else "dwcp_" if pixel_major else "dwc_"
+    kind = "dwc" + ("max" if pool_max else "") + ("p" if pixel_major else "") + "_"
     name = kind + "_".join(str(v) for v in (cbi, px, kh, kw, sw, dh, dw, xrow)) + (f"_x{xpix}" if xpix != cbi else "")
     if name in MICRO:
         return name

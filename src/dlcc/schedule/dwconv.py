@@ -225,7 +225,8 @@ def pack_dwc(w: np.ndarray, p: DwcPlan) -> np.ndarray:
 
 
 def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf | None, epilogue: bool, name: str = "dwconv_blocked",
-             fresh: Callable[[str], str] = str, pool_max: bool = False, channels_last: bool = False) -> Func:
+             fresh: Callable[[str], str] = str, pool_max: bool = False, channels_last: bool = False,
+             dest_block: bool = False) -> Func:
     """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps W[ch, ky*kw + kx] * x[b, ch, oy*sh + ky*dh - ph, ox*sw +
     kx*dw - pw]`` (zero padding) following ``p`` (module docstring): ``x`` (N, C, H, W) with unit column stride,
     or channels-last (unit channel stride), ``wp`` the weight packed by ``pack_dwc``, ``c`` (N, C, OH*OW) with
@@ -233,7 +234,10 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf | None, epilogue: bool
     place). Without ``epilogue`` the local tiles are copied into ``c``. ``pool_max``: the maximum over the taps
     inside instead (MaxPool: the ring holds -inf; ``wp`` unread). ``channels_last``: the epilogue (which must be
     on) gets each pixel's channels innermost, for a destination whose channels are contiguous (the tiles stored
-    pixel-major, ``dwcp_``)."""
+    pixel-major, ``dwcp_``); ``dest_block`` with it: the epilogue's index is (image, block, channel in it, pixel),
+    for a destination in channel blocks of ``cbi`` (``schedule.blocked``), addressed with no division."""
+    if dest_block and not channels_last:
+        raise ValueError("dwc: a destination in channel blocks is stored pixel-major")
     g, T, cbi, S = p.g, p.threads, p.cbi, p.splits
     if ws is None and p.ring is None:
         raise ValueError("dwc: a plan that repacks its input needs the workspace")
@@ -286,7 +290,7 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf | None, epilogue: bool
     else:
         last = simplify(Bin("min", Const(g.oh), oy0 + band)) if g.oh % band else simplify(oy0 + band)
     rows = dwc_rows(g, cbi, p.px, xrow, band, src, at, Ptr(wp, (blk, Const(0))), c, b, blk * cbi, oy0, last,
-                    simplify(nci), epilogue, fresh, pool_max, channels_last, xpix)
+                    simplify(nci), epilogue, fresh, pool_max, channels_last, xpix, blk if dest_block else None)
     if S > 1:
         nest: tuple[Stmt, ...] = (For(ob, Const(0), simplify((r_hi - r_lo + (band - 1)) // band), (rows,)),)
         w0, w1 = share(tv, p.ncb * S, T)
@@ -305,7 +309,7 @@ def dwc_func(p: DwcPlan, x: Buf, wp: Buf, c: Buf, ws: Buf | None, epilogue: bool
 def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, at: Callable[[Expr, Expr], Expr],
              wptr: Ptr, c: Buf, b: Expr, ch0: Expr, oy0: Expr, oy1: Expr, nci: Expr, epilogue: bool,
              fresh: Callable[[str], str] = str, pool_max: bool = False, pixel_major: bool = False,
-             xpix: int = 0) -> Stmt:
+             xpix: int = 0, block: Expr | None = None) -> Stmt:
     """Output rows [oy0, oy1) (at most ``band``) of the channel block from channel ``ch0`` of image ``b``: ``dwc_``
     register tiles of up to ``px`` pixels over the block in ``ws`` (``at(oy, x0)``: the element where output row
     ``oy``'s tile from column ``x0`` reads; rows ``xrow`` apart), transposed into a local channel-major band, then
@@ -313,7 +317,8 @@ def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, 
     block's ``nci`` channels. The channel-blocked depthwise convolution's and the fused 1x1 -> depthwise pair's.
     ``pixel_major``: the band held pixel-major (``dwcp_`` tiles, no transpose) and the epilogue run per pixel
     along its channels (a channels-last destination). ``xpix``: the pixels of ``ws`` this many floats apart (0:
-    ``cbi``, a repacked block; else the input itself, read where it is)."""
+    ``cbi``, a repacked block; else the input itself, read where it is). ``block`` (pixel-major only): the epilogue
+    gets (image, ``block``, channel in it, pixel), a destination in channel blocks of ``cbi``."""
     if pixel_major and not epilogue:
         raise ValueError("dwc rows: a pixel-major band is stored through the epilogue only")
     oy, xt, o, q = (Var(fresh(v)) for v in ("oy", "xt", "o", "q"))
@@ -336,6 +341,8 @@ def dwc_rows(g: ConvGeometry, cbi: int, px: int, xrow: int, band: int, ws: Buf, 
     idx = (b, ch0 + o, simplify(oy0 * g.ow + q))
     npx = simplify((oy1 - oy0) * g.ow)
     if pixel_major:
+        if block is not None:
+            idx = (b, block, o, simplify(oy0 * g.ow + q))
         finish = For(q, Const(0), npx, (For(o, Const(0), nci, (Epilogue(idx, Load(acc, (q, o))),), "vectorized"),))
         return Alloc(acc, (For(oy, oy0, oy1, row), finish))
     store: Stmt = Epilogue(idx, Load(acc, (o, q))) if epilogue else Store(c, idx, Load(acc, (o, q)))

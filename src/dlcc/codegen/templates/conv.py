@@ -587,11 +587,18 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
         wpk = call.packed(pack_dwc(w2, plan))
         wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
         wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace") if repacked else None
-        f = dwc_func(plan, x, wp, cb, wsb, not trivial or cl, fresh=call.names, channels_last=cl)
+        if c.block and plan.cbi != c.block:
+            raise TemplateError(f"Conv: internal: a destination in channel blocks of {c.block} that the depthwise "
+                                "kernel does not store")
+        f = dwc_func(plan, x, wp, cb, wsb, not trivial or cl, fresh=call.names, channels_last=cl,
+                     dest_block=bool(c.block))
         _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, ws.size if repacked else 0,
-                         channels_last=cl, offset=xref.offset)
+                         channels_last=cl, offset=xref.offset, dest_block=bool(c.block))
         extra = {wsb.name: ws.base()} if repacked else {}
     elif cl or xref.strides[-1] != 1:
+        if c.block:
+            raise TemplateError("Conv: internal: a destination in channel blocks with no workspace for the "
+                                "channel-blocked depthwise kernel")
         return None
     else:
         wpk = call.packed(w2)
@@ -608,14 +615,16 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
 
 @functools.lru_cache(maxsize=256)
 def _verify_dwc_once(plan: DwcPlan, shape: tuple[int, ...], strides: tuple[int, ...], epilogue: bool,
-                     ws_floats: int, pool_max: bool = False, channels_last: bool = False, offset: int = 0) -> None:
+                     ws_floats: int, pool_max: bool = False, channels_last: bool = False, offset: int = 0,
+                     dest_block: bool = False) -> None:
     """verify_func on the channel-blocked depthwise loop IR of ``plan`` (a convolution's, or a pool's; ``offset``:
     the input's, in a buffer with a zero ring read in place)."""
     x = Buf("x", "float32", Layout.strided(shape, strides, offset))
     wp = Buf("w", "float32", Layout.strided((plan.ncb, plan.g.kh * plan.g.kw * plan.cbi)))
     c = Buf("c", "float32", Layout.strided((plan.batch, plan.g.ci, plan.g.oh * plan.g.ow)))
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace") if ws_floats else None
-    verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max, channels_last=channels_last))
+    verify_func(dwc_func(plan, x, wp, c, ws, epilogue, pool_max=pool_max, channels_last=channels_last,
+                         dest_block=dest_block))
 
 
 @functools.lru_cache(maxsize=256)

@@ -85,7 +85,7 @@ def pool(call: TemplateCall) -> str:
     g = PoolGeometry(tuple(ins), tuple(outs), tuple(ks), tuple(strides), tuple(dils), tuple(pb))
     counts = pool_counts(g, pe, bool(call.attr("count_include_pad", 0))) if op == "AveragePool" else None
     if r == 2 and call.pack is not None and (xref.strides[-1] == 1 or xref.channels_last or xref.block) \
-            and call.scratch.contiguous:
+            and (call.scratch.contiguous or call.scratch.block):
         pooled = _pool_as_depthwise(call, xref, outs, ks, strides, dils, pb, counts)
         if pooled is not None:
             return pooled
@@ -156,7 +156,13 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
             raise TemplateError(f"{call.node.op_type}: internal: an input in channel blocks (strides {xref.strides}, "
                                 f"ring {xref.ring}) that the pool does not read in place")
     else:
-        plan = plan_dwc(g, N, call.target, call.threads) if W <= POOL_BLOCKED_MAX_W else None
+        plan = plan_dwc(g, N, call.target, call.threads) if W <= POOL_BLOCKED_MAX_W or sref.block else None
+    # a destination in channel blocks (``schedule.blocked``): the tiles kept pixel-major, each pixel's block of
+    # channels stored as one vector through the epilogue
+    dest_block = bool(sref.block)
+    if dest_block and (plan is None or plan.cbi != sref.block):
+        raise TemplateError(f"{call.node.op_type}: internal: a destination in channel blocks of {sref.block} that "
+                            "the pool does not store")
     ws = call.workspace
     in_place = plan is not None and plan.blocked
     if plan is not None and (in_place or (ws is not None and plan.workspace_floats <= ws.size)):
@@ -165,15 +171,19 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
         wpk = call.packed(pack_dwc(np.ones((C, ks[0] * ks[1]), np.float32), plan))
         wsb = None if in_place else Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace")
         flat = Buf(sref.ptr, "float32", Layout.strided((N, C, oh * ow), None, sref.offset))
-        f = dwc_func(plan, x, Buf(wpk.ptr, "float32", Layout.strided(wpk.shape)), flat, wsb, epilogue,
-                     name="pool", fresh=call.names, pool_max=recip is None)
-        _verify_dwc_once(plan, xref.shape, xref.strides, epilogue, 0 if in_place else ws.size, recip is None,
-                         offset=xref.offset)
+        f = dwc_func(plan, x, Buf(wpk.ptr, "float32", Layout.strided(wpk.shape)), flat, wsb,
+                     epilogue or dest_block, name="pool", fresh=call.names, pool_max=recip is None,
+                     channels_last=dest_block, dest_block=dest_block)
+        _verify_dwc_once(plan, xref.shape, xref.strides, epilogue or dest_block, 0 if in_place else ws.size,
+                         recip is None, offset=xref.offset, channels_last=dest_block, dest_block=dest_block)
 
         def flat_store(idx, v):
-            return _pixel_store(call, None, [oh, ow], idx, f"{v} * {recip.ptr}[{idx[2]}]" if recip is not None else v)
+            return _pixel_store(call, None, [oh, ow], idx, f"{v} * {recip.ptr}[{idx[-1]}]" if recip is not None else v)
 
         return call.emit(f, flat_store, {} if in_place else {wsb.name: ws.base()})
+    if dest_block:
+        raise TemplateError(f"{call.node.op_type}: internal: a destination in channel blocks with no workspace for "
+                            "the channel-blocked pool")
     if xref.strides[-1] != 1:  # (a channels-last input: the plane kernel reads rows with unit stride only)
         return None
     ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
