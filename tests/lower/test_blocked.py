@@ -481,3 +481,54 @@ def test_pools_and_depthwise_write_blocks(target, kind, c, h, n, first, threads)
     if bl:
         out = _poisoned(_without_ring_zeroing(m, target=t, threads=threads), feeds)["y"]
         assert np.isnan(out).any() or np.max(np.abs(out - ref)) > 1e-2 * np.max(np.abs(ref))
+
+
+def _pool_branch(c: int = 32, h: int = 13, n: int = 1, seed: int = 0):
+    """Inception's module input: a 3x3 convolution (16 -> ``c`` channels, no activation: its outputs take either
+    sign) read by a 1x1 convolution (-> 32 channels, output y1) and a 3x3 max pool (stride 1, padded 1) whose
+    result a 1x1 convolution (-> 16 channels, output y2) reads."""
+    rng = np.random.default_rng(seed)
+    arrays = {"w0": rng.standard_normal((c, 16, 3, 3)) / 12, "b0": rng.standard_normal(c) / 4,
+              "w1": rng.standard_normal((32, c, 1, 1)) / np.sqrt(c),
+              "w2": rng.standard_normal((16, c, 1, 1)) / np.sqrt(c)}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["t"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Conv", ["t", "w1"], ["y1"], kernel_shape=[1, 1]),
+             helper.make_node("MaxPool", ["t"], ["p"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Conv", ["p", "w2"], ["y2"], kernel_shape=[1, 1])]
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
+    g = helper.make_graph(nodes, "pool_branch",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
+                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y1", "y2")], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", ["x86-64-v4", *runnable_targets()])
+@pytest.mark.parametrize("c,h,n,threads", [(32, 13, 1, 1), (64, 14, 2, 2), (48, 6, 1, 2)])
+def test_one_by_one_convolutions_read_blocks_within_any_ring(target, c, h, n, threads):
+    """A 1x1 convolution and a max pool reaching into its padding read the same convolution's result: stored in
+    blocks with the pool's ring of -inf, which the 1x1 (tiling the plane's rows, no tap in the ring) reads in place
+    as well; the pool stores its result in blocks for the next 1x1. Where the 1x1 would tile the plane as one row
+    (16-register targets) the blocks keep no ring and the pool repacks. Outputs match onnxruntime through the
+    interpreter (on x86-64-v4 whatever this machine runs) and, on the targets this machine runs, on an arena of
+    NaNs."""
+    t = get_target(target)
+    m, feeds = _pool_branch(c, h, n, seed=c + h)
+    ref = _ort(m, feeds)
+    art = build_artifacts(m, target=t, threads=threads)
+    p = art.program
+    bl = {b.name: b for b in _blocked(art)}
+    if t.lanes >= 4 and t.vector_registers >= 32:
+        assert {"t", "p"} <= set(bl)
+        assert bl["t"].ring == (1, 1, 1, 1) and bl["t"].ring_fill == -math.inf
+        readers = [k.steps[0] for k in p.kernels if bl["t"].id in k.reads]
+        assert sorted(s.anchor.op_type for s in readers) == ["Conv", "MaxPool"]
+        assert all("nchwc_" not in s.loop_ir for s in readers)
+    back = interpret(p, art.memory, feeds)
+    for name, r in ref.items():
+        assert_close(back[name], r, 1e-4, 1e-6)
+    if target in runnable_targets():
+        cm = dlcc.compile(m, target=t, threads=threads)
+        got = _poisoned(cm, feeds)
+        for name, r in ref.items():
+            assert_close(got[name], r, 1e-4, 1e-6)

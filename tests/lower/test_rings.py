@@ -148,7 +148,8 @@ def test_plan_on_any_machine(target, s):
         assert fig["zero_rings"] == 1 and "zero_rings" not in layout_figures(plain.program)
         # (no kernel repacks its input: the stem reads the image, the depthwise one its input, where they are)
         assert "repacking_kernels" not in fig and layout_figures(plain.program)["repacking_kernels"] == 1
-        assert describe_layouts(fig).endswith(", 1 with a zero ring read in place by depthwise convolutions")
+        # (at stride 2 the depthwise result may be stored in channel blocks for the projection: said after it)
+        assert ", 1 with a zero ring read in place by depthwise convolutions" in describe_layouts(fig)
         # (the ring's rows and columns against the workspace that goes: 30 x 30 pixels for 28 x 28 here, a few KB
         # of workspace on one thread; at 112 x 112 the ring is 3.6% of the tensor and the arena smaller)
         assert art.memory.arena_bytes <= 1.0 * plain.memory.arena_bytes + 4 * 32 * (28 * 4 + 4)

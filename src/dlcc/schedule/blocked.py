@@ -23,8 +23,8 @@ convolutions from the second stage on is stored so but the last sum (which the a
 repacking kernels gone.
 
 A buffer is stored so where all of these hold:
-- it is a channels-last (``schedule.layouts``) or NCHW float32 temp, not a graph output, that nothing views, whose
-  channels are a whole number of vectors;
+- it is a channels-last (``schedule.layouts``) or NCHW float32 temp, not a graph output, that nothing views (but
+  a Concat's slices, below), whose channels are a whole number of vectors;
 - one kernel step writes it: a convolution's blocked direct kernel (whose channel tiles are whole vectors) or
   its Winograd kernel (whose output transform runs per block of one vector), which then stores it through its
   epilogue as a channels-last one does (``Step.channels_last``; one that stored NCHW transposed its tiles); or
@@ -38,7 +38,9 @@ A buffer is stored so where all of these hold:
 - every step reading it is a convolution that runs as the Winograd or the blocked direct kernel and reads it
   as its input only (no fused producer, no folded input scale), whose Winograd plan keeps all of the input's
   rows and columns (a ring of at least zero on every side; a direct plan that skips the last ones, a strided
-  projection's, reads them in place all the same), all these with the same ring; or a convolution storing
+  projection's, reads them in place all the same), all these with the same ring (an unpadded 1x1 direct kernel
+  tiling the plane's rows reads within any ring, of zeros or -inf: ``BLOCKED_ANY_RING``; Inception's module inputs,
+  which its pool branch's 3x3 max pool reads within a ring of -inf); or a convolution storing
   channels-last whose epilogue reads it (``BLOCKED_RESIDUALS``); or (``BLOCKED_WINDOWS``) a depthwise
   convolution or a 2-D average pool, whose channel-blocked kernel (``schedule.dwconv``) reads each block as the
   block it would have repacked (``dwconv.reads_ring``: the ring as wide as its padding), a 2-D max pool (any ring
@@ -52,7 +54,8 @@ which the first max pool reads, where the stem stored NCHW (its tiles transposed
 EfficientNet-B0's last convolutions' results, which a global pool reads; and where a convolution writes the input
 of a depthwise one that no zero ring takes (more than ``rings.RING_MAX_CHANNELS`` channels, where a channels-last
 ring spreads a tile over few L1 sets: blocks do not). With the Concats and the windows writing blocks, SqueezeNet
-1.1's repacking kernels go from 14 to 9, Inception-v1's from 50 to 39, Inception-v2's from 46 to 39.
+1.1's repacking kernels go from 14 to 9, Inception-v1's from 50 to 39, Inception-v2's from 46 to 39; with the 1x1s
+reading within any ring, to 5, 11 and 5 (AVX-512).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ BLOCKED_RESIDUALS = True  # ... also where a convolution's epilogue reads it (a 
 BLOCKED_WINDOWS = True  # ... also where depthwise convolutions and pools read it (in place: ``dwconv.reads_ring``)
 BLOCKED_WINDOW_WRITERS = True  # depthwise convolutions and pools store their results in blocks too
 BLOCKED_CONCATS = True  # ... also a Concat's result whose producers write their slices (each its own blocks)
+BLOCKED_ANY_RING = True  # unpadded 1x1 convolutions read blocks within any ring (Inception's pool branch's -inf)
 WINDOWED = ("Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
 Need = tuple[tuple[int, int, int, int], float]  # a reader's ring (above, below, left, right) and what it holds
 
@@ -131,10 +135,12 @@ class _Blocked(_Layouts):
             start += v.shape[1]
         return [v.id for v in views] if start == b.shape[1] else None
 
-    def input_ring(self, r: Step, shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    def input_ring(self, r: Step, shape: tuple[int, ...]) -> tuple[int, int, int, int] | bool | None:
         """The zero ring (above, below, left, right) around each block's plane that step ``r``'s convolution reads
         its input (of ``shape``) within, if its Winograd or blocked direct kernel would repack that input into
-        blocks of one vector (the plan's extent holding every row and column of it), else None."""
+        blocks of one vector (the plan's extent holding every row and column of it), else None; True where any
+        ring does, holding anything (``BLOCKED_ANY_RING``: an unpadded 1x1 direct kernel tiling the plane's rows,
+        whose taps never reach the ring)."""
         form = blocked_conv_form(r.anchor, self.p.is_constant, self.target, self.threads) \
             if self.conv_form(r.anchor) is not None else None
         if form is None:
@@ -143,6 +149,9 @@ class _Blocked(_Layouts):
         if plan.cbi != self.target.lanes:
             return None
         g, (h, w) = plan.g, shape[2:]
+        if (BLOCKED_ANY_RING and form[0] == "direct" and g.kh * g.kw == 1 and not (g.ph or g.pw)
+                and (g.h, g.w) == (h, w) and not plan.flat):
+            return True
         if (g.h, g.w) != (h, w):  # (a 1x1 convolution's plane as one row: blocks with no ring)
             return (0, 0, 0, 0) if g.kh * g.kw == 1 and plan.hp * plan.wp == h * w else None
         ring = (plan.rh, plan.hp - h - plan.rh, plan.rw, plan.wp - w - plan.rw)
@@ -194,7 +203,7 @@ class _Blocked(_Layouts):
                 mine = self.window_ring(r, shape) if BLOCKED_WINDOWS and r.anchor.op_type in WINDOWED else None
                 if mine is None:
                     ring = self.input_ring(r, shape)
-                    mine = (ring, 0.0) if ring is not None else None
+                    mine = ring if ring is None or ring is True else (ring, 0.0)
                 if mine is None or (need is not None and mine is not True and mine != need):
                     return None
                 read = True

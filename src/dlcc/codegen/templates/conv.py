@@ -165,7 +165,7 @@ def conv(call: TemplateCall) -> str:
                    and call.input_scale is None and trim_taps(g)[0] == g
                    and use_winograd(g, M, N, call.target, call.threads))
     if xref.block:  # an input in the channel blocks its Winograd or direct kernel reads (``schedule.blocked``)
-        if xref.ring_fill:
+        if xref.ring_fill and (g is None or g.kh * g.kw != 1 or g.ph or g.pw):  # (a 1x1 reads none of it)
             raise TemplateError("Conv: internal: an input in channel blocks whose ring is not zeros")
         blocked = _winograd(call, xref, w4, bref, g) if winograd_ok else None
         if blocked is None and direct_ok:
@@ -386,6 +386,9 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
     if xref.block:  # (the blocks' planes: at least the plan's extent, which may skip the input's last rows)
         top, bottom, left, right = xref.ring or (0, 0, 0, 0)
         hr, wr = top + xref.shape[2] + bottom, left + xref.shape[3] + right  # (its plane as one row: 1 x H*W)
+        if (top, left) != (plan.rh, plan.rw) and g.kh * g.kw == 1 and not (g.ph or g.pw) and not plan.flat:
+            # (a 1x1 reads no tap in the ring: it reads the pixels inside a wider one, which other readers need)
+            plan = dataclasses.replace(plan, ring=(top, left))
         plan = dataclasses.replace(plan, blocked=True, hp=max(plan.hp, hr) if top == plan.rh else plan.hp,
                                    wp=max(plan.wp, wr) if left == plan.rw else plan.wp)
     return _planned_conv(call, xref, bref, g, plan, lambda: pack_direct(w4, plan), direct_func, outs)
