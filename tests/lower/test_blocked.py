@@ -532,3 +532,22 @@ def test_one_by_one_convolutions_read_blocks_within_any_ring(target, c, h, n, th
         got = _poisoned(cm, feeds)
         for name, r in ref.items():
             assert_close(got[name], r, 1e-4, 1e-6)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3", "aarch64"])
+def test_concats_and_windows_in_blocks_on_any_machine(target):
+    """Built (not run) for each vector target, whatever this machine runs: a Concat's slices, and a max pool's and a
+    depthwise convolution's results, stored in blocks of the target's vector width (4 on NEON, 8 on AVX2, 16 on
+    AVX-512) that their readers take in place; the kernel-IR interpreter matches onnxruntime."""
+    t = get_target(target)
+    cases = [(_fire(32, 48, 13, 2, "Conv", seed=1), {"a", "b", "t"}),
+             (_window_then_conv("MaxPool", 48, 14, 1, True, seed=2), {"t", "u"}),
+             (_window_then_conv("Depthwise", 48, 13, 1, False, seed=3), {"u"})]
+    for (m, feeds), names in cases:
+        art = build_artifacts(m, target=t, threads=2)
+        bl = _blocked(art)
+        assert {b.name for b in bl} == names and all(b.block == t.lanes for b in bl)
+        p = art.program
+        for b in bl:
+            assert all("nchwc_" not in k.steps[0].loop_ir for k in p.kernels if b.id in k.reads)
+        assert_close(interpret(p, art.memory, feeds)["y"], ort_output(m, feeds), 1e-4, 1e-6)
