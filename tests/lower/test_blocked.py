@@ -542,7 +542,9 @@ def test_concats_and_windows_in_blocks_on_any_machine(target):
     t = get_target(target)
     cases = [(_fire(32, 48, 13, 2, "Conv", seed=1), {"a", "b", "t"}),
              (_window_then_conv("MaxPool", 48, 14, 1, True, seed=2), {"t", "u"}),
-             (_window_then_conv("Depthwise", 48, 13, 1, False, seed=3), {"u"})]
+             (_window_then_conv("Depthwise", 48, 13, 1, False, seed=3), {"u"}),
+             (_loop_between("Silu", 48, 13, 2, seed=4), {"t", "r"}),
+             (_loop_between("Shuffle", 48, 14, 1, seed=5), {"t", "shuffle__0"})]
     for (m, feeds), names in cases:
         art = build_artifacts(m, target=t, threads=2)
         bl = _blocked(art)
@@ -550,4 +552,73 @@ def test_concats_and_windows_in_blocks_on_any_machine(target):
         p = art.program
         for b in bl:
             assert all("nchwc_" not in k.steps[0].loop_ir for k in p.kernels if b.id in k.reads)
-        assert_close(interpret(p, art.memory, feeds)["y"], ort_output(m, feeds), 1e-4, 1e-6)
+        assert_close(interpret(p, art.memory, feeds)["y"], _ort(m, feeds)["y"], 1e-4, 1e-6)
+
+
+def _loop_between(op: str, c: int = 48, h: int = 14, n: int = 1, seed: int = 0):
+    """A 3x3 convolution (16 -> ``c`` channels, no activation) whose result a 1x1 convolution (-> 16 channels, output
+    y2) and a loop step read: ``op`` (Relu, Silu as x * Sigmoid(x), a per-channel Add, Clip, or a channel shuffle
+    of 3 groups as Reshape, Transpose, Reshape), whose result a 3x3 convolution (padded 1, -> 16, output y) reads."""
+    rng = np.random.default_rng(seed)
+    arrays = {"w0": rng.standard_normal((c, 16, 3, 3)) / 12, "b0": rng.standard_normal(c) / 4,
+              "w1": rng.standard_normal((16, c, 1, 1)) / np.sqrt(c),
+              "w2": rng.standard_normal((16, c, 3, 3)) / np.sqrt(9 * c)}
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["t"], kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Conv", ["t", "w1"], ["y2"], kernel_shape=[1, 1])]
+    if op == "Relu":
+        nodes.append(helper.make_node("Relu", ["t"], ["r"]))
+    elif op == "Silu":
+        nodes += [helper.make_node("Sigmoid", ["t"], ["sg"]), helper.make_node("Mul", ["t", "sg"], ["r"])]
+    elif op == "Add":
+        arrays["k"] = rng.standard_normal((1, c, 1, 1))
+        nodes.append(helper.make_node("Add", ["t", "k"], ["r"]))
+    elif op == "Clip":
+        arrays["lo"], arrays["hi"] = np.array(0.0), np.array(0.5)
+        nodes.append(helper.make_node("Clip", ["t", "lo", "hi"], ["r"]))
+    else:
+        arrays["s1"] = np.array([n, 3, c // 3, h, h], np.int64)
+        arrays["s2"] = np.array([n, c, h, h], np.int64)
+        nodes += [helper.make_node("Reshape", ["t", "s1"], ["g1"]),
+                  helper.make_node("Transpose", ["g1"], ["g2"], perm=[0, 2, 1, 3, 4]),
+                  helper.make_node("Reshape", ["g2", "s2"], ["r"])]
+    nodes.append(helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
+    inits = [onnx.numpy_helper.from_array(a.astype(np.int64 if a.dtype == np.int64 else np.float32), k)
+             for k, a in arrays.items()]
+    g = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
+                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y", "y2")], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("op,c,h,n,threads", [("Relu", 48, 14, 1, 1), ("Silu", 48, 13, 2, 2), ("Add", 32, 14, 1, 2),
+                                              ("Clip", 64, 7, 2, 1), ("Shuffle", 48, 14, 1, 2),
+                                              ("Shuffle", 96, 13, 2, 1)])
+def test_loop_steps_read_and_write_blocks(target, op, c, h, n, threads):
+    """An activation, a per-channel Add or a channel shuffle between convolutions, as a loop step of its own: its
+    input (which a 1x1 convolution reads too) and its result (which a padded 3x3 convolution reads within a zero ring)
+    are stored in channel blocks, the step running over the blocks in their memory order, a block's channels one
+    vector (its loop IR's channel a lane of a block); no convolution repacks; outputs match onnxruntime on an arena of
+    NaNs, and the interpreter; without the ring zeroed the run is wrong."""
+    t = get_target(target)
+    m, feeds = _loop_between(op, c, h, n, seed=c + h)
+    ref = _ort(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = {b.name: b for b in _blocked(cm.artifacts)}
+    if t.lanes < 4 or c % t.lanes:
+        assert not bl
+    else:
+        (loop,) = [s for k in p.kernels for s in k.steps if s.kind == "loop"]
+        r = p.buffers[p.value_buffer[loop.outputs[0]]]
+        assert "t" in bl and r.block == t.lanes and r.ring == (1, 1, 1, 1)
+        assert f"lane<{t.lanes}>" in loop.loop_ir
+        assert layout_figures(p).get("repacking_kernels", 0) <= 1  # (the first convolution's, from the image)
+    got = _poisoned(cm, feeds)
+    back = interpret(p, cm.artifacts.memory, feeds)
+    for name, r in ref.items():
+        assert_close(got[name], r, 1e-4, 1e-6)
+        assert_close(back[name], r, 1e-4, 1e-6)
+    if bl:
+        out = _poisoned(_without_ring_zeroing(m, target=t, threads=threads), feeds)["y"]
+        assert np.isnan(out).any() or np.max(np.abs(out - ref["y"])) > 1e-2 * np.max(np.abs(ref["y"]))

@@ -169,9 +169,10 @@ class _KernelGen:
             dst = gen.refs[v]
 
             par = self.threads if self.threads > 1 and dst.size >= PAR_MIN_ELEMENTS else 1
-            order = _memory_order(dst)
-            tile = _transpose_tile(_inlined(v, gen), dst.shape) if order is None else None
-            f = gen.fill(v, map_func(tuple(dst.shape), dst.dtype, par, "loop", names, tile, order))
+            order = _memory_order(dst) if not dst.block else None
+            tile = _transpose_tile(_inlined(v, gen), dst.shape) if order is None and not dst.block else None
+            # (a destination in channel blocks: in its memory order, the channels of a block innermost)
+            f = gen.fill(v, map_func(tuple(dst.shape), dst.dtype, par, "loop", names, tile, order, dst.block))
             step.loop_ir = print_func(f)
             text, _ = print_c(f, gen.ptrs)
             return f"/* {'+'.join(n.op_type for n in step.nodes)} */\n{{\n{indent(text)}\n}}"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import onnx_ir as ir
 
-from dlcc.lower.lir import Buf, Const, Epilogue, Expr, Func, In, Let, Stmt, Store, rewrite_stmts
+from dlcc.lower.lir import Buf, Const, Epilogue, Expr, For, Func, In, Lane, Let, Stmt, Store, Var, rewrite_stmts
 from dlcc.schedule.loops import nest, numbered
 from dlcc.schedule.transform import drop_unit_loops, loop_names, parallelize, reorder, split
 
@@ -45,13 +45,17 @@ def inlined_nodes(v: ir.Value, materialized: Callable[[ir.Value], bool]) -> list
 
 def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "map",
              fresh: Callable[[str], str] | None = None, tile: tuple[int, int, bool] | None = None,
-             order: tuple[int, ...] | None = None) -> Func:
+             order: tuple[int, ...] | None = None, block: int = 0) -> Func:
     """``epilogue[index] <- In(0, index)`` over ``shape`` (module docstring); ``threads`` > 1 splits the first
     dim of more than one element; ``tile``: (axis, block, reads_inner), that axis and the last one blocked;
     ``order``: the dims from the outermost loop to the innermost (a destination stored in another order than
-    its logical one, e.g. channels-last: its memory order), row-major when None. The algorithm is a plain nest;
-    threads and tiles are transformations of it (``schedule.transform``)."""
+    its logical one, e.g. channels-last: its memory order), row-major when None; ``block``: an (N, C, H, W)
+    destination in channel blocks of ``block`` (``schedule.blocked``): loops over the blocks, images, rows,
+    columns and, innermost, the channels of a block, the channel a ``Lane`` (addressed with no division). The
+    algorithm is a plain nest; threads and tiles are transformations of it (``schedule.transform``)."""
     fresh = fresh or numbered()
+    if block:
+        return _blocked(shape, dtype, threads, name, fresh, block)
     if tile is not None:
         return _tiled(shape, dtype, threads, name, fresh, *tile)
     perm = list(order) if order is not None else list(range(len(shape)))
@@ -69,6 +73,30 @@ def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "
     thread = fresh("t") if split_threads else ""
     f = Func(name, (), nest(pshape, fresh, "i", body))
     if split_threads:  # the outermost loop (the first dim of more than one element) in shares
+        f = parallelize(f, loop_names(f)[0], 4 * threads, thread)
+    return f
+
+
+def _blocked(shape: tuple[int, ...], dtype: str, threads: int, name: str, fresh: Callable[[str], str],
+             block: int) -> Func:
+    """``map_func`` over an (N, C, H, W) destination in channel blocks of ``block``, in its memory order (module
+    docstring of ``schedule.blocked``: the blocks outermost, the images inside them); threads over the blocks (or
+    the images where there is one block)."""
+    if len(shape) != 4 or shape[1] % block:
+        raise ValueError(f"map: shape {shape} is not (N, C, H, W) in whole channel blocks of {block}")
+    n, c, h, w = shape
+    pshape = [c // block, n, h, w]
+    lane = Var(fresh("l"))
+
+    def body(pidx: list[Expr]) -> tuple[Stmt, ...]:
+        cb, b, y, x = pidx
+        idx = (b, Lane(cb, lane, block), y, x)
+        return (For(lane, Const(0), Const(block), (Epilogue(idx, In(0, idx, shape, dtype)),), "vectorized"),)
+
+    split_threads = threads > 1 and any(d > 1 for d in pshape)
+    thread = fresh("t") if split_threads else ""
+    f = Func(name, (), nest(pshape, fresh, "i", body))
+    if split_threads:
         f = parallelize(f, loop_names(f)[0], 4 * threads, thread)
     return f
 
