@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import onnx
@@ -534,22 +535,25 @@ def test_one_by_one_convolutions_read_blocks_within_any_ring(target, c, h, n, th
 
 @pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3", "aarch64"])
 def test_concats_and_windows_in_blocks_on_any_machine(target):
-    """Built (not run) for each vector target, whatever this machine runs: a Concat's slices, and a max pool's and a
-    depthwise convolution's results, stored in blocks of the target's vector width (4 on NEON, 8 on AVX2, 16 on
-    AVX-512) that their readers take in place; the kernel-IR interpreter matches onnxruntime."""
+    """Built (not run) for each vector target, whatever this machine runs: a Concat's slices, a max pool's and a
+    depthwise convolution's results, a loop step's input and result, a squeeze-and-excitation's scaled input, stored
+    in blocks of the target's vector width (4 on NEON, 8 on AVX2, 16 on AVX-512) that their readers take in place;
+    the kernel-IR interpreter matches onnxruntime."""
     t = get_target(target)
     cases = [(_fire(32, 48, 13, 2, "Conv", seed=1), {"a", "b", "t"}),
              (_window_then_conv("MaxPool", 48, 14, 1, True, seed=2), {"t", "u"}),
              (_window_then_conv("Depthwise", 48, 13, 1, False, seed=3), {"u"}),
              (_loop_between("Silu", 48, 13, 2, seed=4), {"t", "r"}),
-             (_loop_between("Shuffle", 48, 14, 1, seed=5), {"t", "shuffle__0"})]
+             (_loop_between("Shuffle", 48, 14, 1, seed=5), {"t", "shuffle__0"}),
+             (_se_block(96, 14, 1, seed=6), {"d"})]
     for (m, feeds), names in cases:
         art = build_artifacts(m, target=t, threads=2)
         bl = _blocked(art)
-        assert {b.name for b in bl} == names and all(b.block == t.lanes for b in bl)
+        assert names <= {b.name for b in bl} and all(b.block == t.lanes for b in bl)
         p = art.program
         for b in bl:
-            assert all("nchwc_" not in k.steps[0].loop_ir for k in p.kernels if b.id in k.reads)
+            assert all("nchwc_" not in s.loop_ir for k in p.kernels if b.id in k.reads for s in k.steps
+                       if s.input_scale is None)  # (a scaled input is repacked: multiplied on the way)
         assert_close(interpret(p, art.memory, feeds)["y"], _ort(m, feeds)["y"], 1e-4, 1e-6)
 
 
@@ -620,3 +624,56 @@ def test_loop_steps_read_and_write_blocks(target, op, c, h, n, threads):
     if bl:
         out = _poisoned(_without_ring_zeroing(m, target=t, threads=threads), feeds)["y"]
         assert np.isnan(out).any() or np.max(np.abs(out - ref["y"])) > 1e-2 * np.max(np.abs(ref["y"]))
+
+
+def _se_block(c: int = 96, h: int = 14, n: int = 1, seed: int = 0):
+    """A MobileNetV3 block: a 1x1 expansion (16 -> ``c`` channels, Relu), a 3x3 depthwise convolution (Relu), a
+    squeeze-and-excitation (global average pool, 1x1 to 8 channels, Relu, 1x1 back, Sigmoid) scaling the depthwise
+    result, and the 1x1 projection to 24 channels."""
+    rng = np.random.default_rng(seed)
+    arrays = {"we": rng.standard_normal((c, 16, 1, 1)) / 4, "wd": rng.standard_normal((c, 1, 3, 3)) / 3,
+              "w1": rng.standard_normal((8, c, 1, 1)) / np.sqrt(c), "b1": rng.standard_normal(8) / 4,
+              "w2": rng.standard_normal((c, 8, 1, 1)) / 3, "wp": rng.standard_normal((24, c, 1, 1)) / np.sqrt(c)}
+    nodes = [helper.make_node("Conv", ["x", "we"], ["e_c"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["e_c"], ["e"]),
+             helper.make_node("Conv", ["e", "wd"], ["d_c"], kernel_shape=[3, 3], pads=[1] * 4, group=c),
+             helper.make_node("Relu", ["d_c"], ["d"]),
+             helper.make_node("GlobalAveragePool", ["d"], ["g"]),
+             helper.make_node("Conv", ["g", "w1", "b1"], ["g1_c"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["g1_c"], ["g1"]),
+             helper.make_node("Conv", ["g1", "w2"], ["g2"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["g2"], ["s"]),
+             helper.make_node("Mul", ["d", "s"], ["ds"]),
+             helper.make_node("Conv", ["ds", "wp"], ["y"], kernel_shape=[1, 1])]
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
+    g = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("target", runnable_targets())
+@pytest.mark.parametrize("c,h,n,threads", [(96, 14, 1, 1), (144, 7, 2, 2), (64, 13, 1, 2)])
+def test_squeeze_and_excitation_in_blocks(target, c, h, n, threads):
+    """A squeeze-and-excitation block: the fused 1x1 -> depthwise kernel (or the depthwise one, reading the 1x1's
+    blocks) stores its result in channel blocks (pixel-major depthwise tiles, ``dwcp_``), the global pool reads them
+    in place, and the projection repacks them multiplied by the scale on the way (``nchwc_..._s`` reading a block's
+    channels as one vector); outputs match onnxruntime on an arena of NaNs, and the interpreter."""
+    t = get_target(target)
+    m, feeds = _se_block(c, h, n, seed=c + h)
+    ref = ort_output(m, feeds)
+    cm = dlcc.compile(m, target=t, threads=threads)
+    p = cm.artifacts.program
+    bl = _blocked(cm.artifacts)
+    if t.lanes >= 4 and c % t.lanes == 0:
+        (d,) = [b for b in bl if b.name == "d"]
+        (w,) = [s for k in p.kernels for s in k.steps if s.outputs and p.value_buffer.get(s.outputs[0]) == d.id]
+        assert "dwcp_" in w.loop_ir and (w.producer is not None or "e" in {b.name for b in bl})
+        readers = [s for k in p.kernels if d.id in k.reads for s in k.steps if s.kind == "template"]
+        gp = [s for s in readers if s.anchor.op_type == "GlobalAveragePool"]
+        proj = [s for s in readers if s.input_scale is not None]
+        assert gp and proj and re.search(rf"nchwc_\w+_{t.lanes}_s\b", proj[0].loop_ir)
+    else:
+        assert not bl
+    assert_close(_poisoned(cm, feeds)["y"], ref, 1e-4, 1e-6)
+    assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)

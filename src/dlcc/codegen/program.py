@@ -278,8 +278,8 @@ class _KernelGen:
                                ptrs=gen.ptrs)
         ws = self.ref(step.workspace) if step.workspace is not None else None
         # the epilogue per block of channels where its destination or another tensor it reads is stored in blocks
-        blocks = {gen.refs[v].block for n in step.nodes if n is not node for v in n.inputs
-                  if v is not None and v in gen.refs} | {dst.block}
+        blocks = {gen.refs[v].block for n in step.nodes if n is not node and n is not step.input_scale
+                  for v in n.inputs if v is not None and v in gen.refs} | {dst.block}  # (the scale: as it repacks)
         call = TemplateCall(node, operands, shape, value_dtype(a), store, scratch, direct, names,
                             lambda arr: self.weights.add(arr), self.target, self.threads, ws, self.micro,
                             producer=producer, input_scale=scale, epilogue_block=max(blocks))

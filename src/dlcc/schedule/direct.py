@@ -37,6 +37,7 @@ from dlcc.lower.lir import (
     Expr,
     For,
     Func,
+    Lane,
     Layout,
     Load,
     Micro,
@@ -550,12 +551,17 @@ def repack_phase(g: ConvGeometry, cbi: int, batch: int, hp: int, wp: int, x: Buf
     rh, rw = ring if ring is not None else (g.ph, g.pw)
     ncb = -(-g.ci // cbi)
     xd = x.layout.dims
+    # (channel, row, column strides; an input in channel blocks of cbi, ``schedule.blocked``: a block's channels
+    # contiguous, its pixels a block apart, the block where the address of its first channel is)
+    xc, xh, xw = (xd[2][3], xd[3][3], xd[4][3]) if len(xd) == 5 and xd[1][1] == cbi else (xd[1][3], xd[2][3],
+                                                                                            xd[3][3])
     block = hp * wp * cbi
     by_rows = ncb * batch < T
     y0, y1 = share(t, hp, T) if by_rows else (Const(0), Const(hp))
     sc = (Ptr(scale, (b, cb * cbi)),) if scale is not None else ()
-    pack = Micro(nchwc_micro(cbi, g.h, g.w, rh, rw, hp, wp, xw=xd[3][3], scaled=scale is not None), (
-        Ptr(x, (b, cb * cbi, Const(0), Const(0))), *sc, Const(xd[1][3]), Const(xd[2][3]),
+    first = Lane(cb, Const(0), cbi) if len(xd) == 5 else cb * cbi
+    pack = Micro(nchwc_micro(cbi, g.h, g.w, rh, rw, hp, wp, xw=xw, scaled=scale is not None), (
+        Ptr(x, (b, first, Const(0), Const(0))), *sc, Const(xc), Const(xh),
         Bin("min", Const(cbi), Const(g.ci) - cb * cbi), y0, simplify(y1 - y0),
         Ptr(ws, (simplify((cb * batch + b) * block + y0 * (wp * cbi)),))))
     loop = For(cb, Const(0), Const(ncb), (For(b, Const(0), Const(batch), (pack,)),))

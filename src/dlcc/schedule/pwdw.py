@@ -215,7 +215,7 @@ def _all(*conds: Expr) -> Expr:
 
 def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer_epilogue: bool, epilogue: bool,
               name: str = "pwdw", fresh: Callable[[str], str] = str, post: tuple[Buf, str] | None = None,
-              channels_last: bool = False) -> Func:
+              channels_last: bool = False, dest_block: bool = False) -> Func:
     """The loop IR of ``c[b, ch, oy*OW + ox] = sum_taps Wdw[ch, tap] * e(sum_k Wpw[ch, k] * x[b, k, iy, ix])``
     following ``p`` (module docstring): ``x`` (N, K, H, W) with unit column stride (flat plans: (N, K, H*W) with
     unit pixel stride), ``wpw`` packed by ``pack_pw``
@@ -225,7 +225,10 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
     copied into ``c``. ``post`` (bias, tag): instead of the producer's epilogue, the 1x1 tiles add the bias (packed
     by ``pack_bias``) and apply ``tag`` (``lower.micro.post_tag``) in registers (``gemmqe_``); not for flat plans.
     ``channels_last``: ``c``'s channels are contiguous; the depthwise tiles are stored pixel-major (``dwcp_``) and
-    the epilogue (which must be on) runs per pixel along the block's channels."""
+    the epilogue (which must be on) runs per pixel along the block's channels; ``dest_block`` with it: its index is
+    (image, block, channel in it, pixel), for a destination in channel blocks of ``cbi`` (``schedule.blocked``)."""
+    if dest_block and not channels_last:
+        raise ValueError("pwdw: a destination in channel blocks is stored pixel-major")
     g, T, cbi, nv = p.g, p.threads, p.cbi, p.nv
     if post is not None and (p.flat or producer_epilogue):
         raise ValueError("pwdw: an in-register epilogue replaces the producer's, and not in the flat form")
@@ -329,7 +332,8 @@ def pwdw_func(p: PwDwPlan, x: Buf, wpw: Buf, wdw: Buf, c: Buf, ws: Buf, producer
         return simplify(base + (oy - oy0) * (g.sh * row) + x0 * (g.sw * cbi))
 
     dws = For(jb, Const(0), nblk, (dwc_rows(g, cbi, p.px, row, p.band, ws, at, Ptr(wdw, (cb, Const(0))), c, b,
-                                            cb * cbi, oy0, oy1, nci, epilogue, fresh, pixel_major=channels_last),))
+                                            cb * cbi, oy0, oy1, nci, epilogue, fresh, pixel_major=channels_last,
+                                            block=cb if dest_block else None),))
     bands = simplify((r_hi - r_lo + (p.band - 1)) // p.band)
     band_body = (*pre, For(cg, g0, g1, (*carry, *fill, dws)))
     body: tuple[Stmt, ...] = (For(b, Const(0), Const(p.batch), (For(ob, Const(0), bands, band_body),)),)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from dlcc.codegen.cbase import Operand, TemplateError, TensorRef, split_channel
+from dlcc.codegen.element_c import ref_buf
 from dlcc.codegen.templates import TemplateCall, register
 from dlcc.codegen.templates.matmul import _verify_packed_once
 from dlcc.lower.kir import blocked_strides
@@ -383,7 +384,8 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
         xref = dataclasses.replace(xref, shape=(n, c, g.h, g.w), strides=(*xref.strides[:2], g.w * step, step))
     plan = plan_direct(w4.shape[0], g, xref.shape[0], call.target, call.threads,
                        xref.strides if call.input_scale is None and not xref.block else None)
-    if xref.block:  # (the blocks' planes: at least the plan's extent, which may skip the input's last rows)
+    if xref.block and call.input_scale is None:  # (the blocks' planes: at least the plan's extent, which may skip
+        # the input's last rows; a scaled input is repacked from its blocks, scaled on the way)
         top, bottom, left, right = xref.ring or (0, 0, 0, 0)
         hr, wr = top + xref.shape[2] + bottom, left + xref.shape[3] + right  # (its plane as one row: 1 x H*W)
         if (top, left) != (plan.rh, plan.rw) and g.kh * g.kw == 1 and not (g.ph or g.pw) and not plan.flat:
@@ -417,8 +419,14 @@ def _planned_conv(call: TemplateCall, xref: TensorRef, bref: TensorRef | None, g
     names = call.names
     wpk = call.packed(pack())
     wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
-    x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset)) if not plan.blocked else \
-        Buf(xref.ptr, "float32", Layout.strided((_blocked_base(xref, plan),)))
+    if plan.blocked:
+        x = Buf(xref.ptr, "float32", Layout.strided((_blocked_base(xref, plan),)))
+    elif xref.block:  # (repacked from its blocks: a block's channels contiguous, ``repack_phase``)
+        if xref.block != plan.cbi:
+            raise TemplateError(f"Conv: internal: an input in channel blocks of {xref.block} repacked into {plan.cbi}")
+        x = ref_buf(xref, xref.ptr)
+    else:
+        x = Buf(xref.ptr, "float32", Layout.strided(xref.shape, xref.strides, xref.offset))
     cl = not c.contiguous  # a channels-last destination (the caller checked): the direct kernel's pixel-major form
     cb = Buf(c.ptr, "float32", Layout.strided((xref.shape[0], plan.co, g.oh * g.ow), None if not cl else (
         c.strides[0], 1, plan.co), c.offset))
@@ -519,9 +527,13 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     if tag is not None:
         bp = call.packed(pack_bias(np.asarray(prod.inputs[2].const, dtype=np.float32), plan))
         post = (Buf(bp.ptr, "float32", Layout.strided(bp.shape)), tag)
+    if c.block and plan.cbi != c.block:
+        raise TemplateError(f"Conv: internal: a destination in channel blocks of {c.block} that the fused 1x1 -> "
+                            "depthwise pair does not store")
     f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity and tag is None, epilogue, fresh=names, post=post,
-                  channels_last=cl)
-    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity and tag is None, epilogue, ws.size, tag, cl)
+                  channels_last=cl, dest_block=bool(c.block))
+    _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity and tag is None, epilogue, ws.size, tag, cl,
+                      bool(c.block))
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
@@ -555,7 +567,8 @@ def _pwdw_input(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...]
 
 @functools.lru_cache(maxsize=256)
 def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int, ...], producer_epilogue: bool,
-                      epilogue: bool, ws_floats: int, tag: str | None = None, channels_last: bool = False) -> None:
+                      epilogue: bool, ws_floats: int, tag: str | None = None, channels_last: bool = False,
+                      dest_block: bool = False) -> None:
     """verify_func on the fused loop IR of ``plan`` (the same for every pair with these shapes)."""
     x = Buf("x", "float32", _pwdw_input(plan, shape, strides))
     wpb = Buf("wpw", "float32", Layout.strided((plan.ncb * plan.k * plan.cbi,)))
@@ -564,7 +577,7 @@ def _verify_pwdw_once(plan: PwDwPlan, shape: tuple[int, ...], strides: tuple[int
     ws = Buf("ws", "float32", Layout.strided((ws_floats,)), "workspace")
     post = (Buf("bias", "float32", Layout.strided((plan.ncb * plan.cbi,))), tag) if tag is not None else None
     verify_func(pwdw_func(plan, x, wpb, wdb, c, ws, producer_epilogue, epilogue, post=post,
-                          channels_last=channels_last))
+                          channels_last=channels_last, dest_block=dest_block))
 
 
 def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: TensorRef | None,
