@@ -168,6 +168,20 @@ def test_regression_end_padded_pointwise_conv_not_read_in_place():
     assert flat_pointwise(ConvGeometry(512, 7, 7, 7, 7, 1, 1, 1, 1, 1, 1, 0, 0), 2048, avx2).ow == 49
 
 
+# Bug 8 (codegen/templates/conv.py, seed 9487): a 2x2 convolution padded at the end of a 1x1 input, whose one tap
+# that reaches the input makes it a 1x1 read in place, stored channels-last (its result read by nothing, at level
+# 0): the workspace pass asked reads_in_place of the taps that reach the input (none declared), the template of
+# all four (so not in place, and no workspace to repack into): "a channels-last destination ... cannot take".
+# Fixed: the template asks it of the same taps.
+def test_regression_conv_read_in_place_by_the_taps_that_reach_it():
+    m = _model("""    t = Conv <kernel_shape: ints = [2, 2], pads: ints = [0, 0, 1, 1]> (x, w)
+    y = Relu (x)""", """g (float[1,1,1,1] x) => (float[1,1,1,1] y) <float[8,1,2,2] w = {0.5, 0.25, -0.5, 1.0,
+    0.5, 0.25, -0.5, 1.0, 0.5, 0.25, -0.5, 1.0, 0.5, 0.25, -0.5, 1.0, 0.5, 0.25, -0.5, 1.0, 0.5, 0.25, -0.5, 1.0,
+    0.5, 0.25, -0.5, 1.0, 0.5, 0.25, -0.5, 1.0}>""")
+    for fusion in ("tvm", "dnnfusion"):
+        assert check_graph(m, 0, levels=(), fusion=fusion, compile_level=0) == []
+
+
 # Bug 4 (passes/rewrite.py, seed 20533): a rewrite whose root output had no dtype yet (made by another rule
 # in the same round: ReduceMean(Neg(Transpose(x))) -> dist-reducemean-neg, then layout-reduce-of-transpose)
 # set `new.dtype = None`, i.e. a Tensor(None) type: the model no longer serialized (SerdeError at levels 2-3,
@@ -228,6 +242,7 @@ REGRESSION_SEEDS = [
     4445,  # bug 5
     1032,  # bug 6 (LayerNormalization of a row of equal values: float mean)
     6606,  # bug 7 (x <= tanh(x): glibc tanhf 1 ulp off near 0)
+    9487,  # bug 8 (a 2x2 convolution of which one tap reaches its 1x1 input, stored channels-last)
 ]
 
 

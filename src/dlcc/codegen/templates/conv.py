@@ -152,8 +152,8 @@ def conv(call: TemplateCall) -> str:
                      pb[0], pb[1]) if r == 2 else None
     # the direct kernel reading its input in place needs no workspace (``schedule.direct.reads_in_place``)
     in_place = (r == 2 and group == 1 and repacks and call.input_scale is None and direct_pays(g, M, call.target)
-                and (reads_in_place(g, xref.strides, call.target.lanes)
-                     or reads_nchw(trim_taps(g)[0], xref.strides, call.target.lanes)))
+                and (reads_in_place(trim_taps(g)[0], xref.strides, call.target.lanes)  # (as the workspace has it:
+                     or reads_nchw(trim_taps(g)[0], xref.strides, call.target.lanes)))  # the taps that reach it)
     has_ws = call.workspace is not None or in_place or xref.block > 0
     w4 = np.asarray(w.const, dtype=np.float32) if w.const is not None else None
     if (r == 2 and group == C == M and C > 1 and w4 is not None and call.pack is not None and repacks):
