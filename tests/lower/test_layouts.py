@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from test_lir import PRELUDE, _build
 
 import dlcc
+import dlcc.lower.lower as lower
 import dlcc.schedule.blocked as blocked
 import dlcc.schedule.layouts as layouts
 from dlcc.codegen.cbase import vector_helpers
@@ -353,7 +354,7 @@ def test_bottleneck_trunk_channels_last(c, h, n, threads, monkeypatch):
     assert_close(off(feeds)["y"], ref, 1e-4, 1e-6)
 
 
-def _dense_block(c=32, g=16, layers=3, h=14, seed=0):
+def _dense_block(c=32, g=16, layers=3, h=14, seed=0, n=1):
     """DenseNet-style layers: BN (as Mul + Add) + Relu -> 1x1 -> BN + Relu -> 3x3 (5x5 here: direct) -> Concat
     with everything before, the next layer's BN over the Concat; then a 1x1 transition."""
     rng = np.random.default_rng(seed)
@@ -375,10 +376,10 @@ def _dense_block(c=32, g=16, layers=3, h=14, seed=0):
         feats, ch = t + "cat", ch + g
     inits.append(_w(rng, "tw", c, ch, 1, 1))
     nodes.append(helper.make_node("Conv", [feats, "tw"], ["y"]))
-    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, h])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, h, h])], inits)
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, c, h, h])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {
-        "x": rng.standard_normal((1, 3, h, h)).astype(np.float32)}
+        "x": rng.standard_normal((n, 3, h, h)).astype(np.float32)}
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -398,6 +399,34 @@ def test_dense_block_with_concats(threads):
     assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
     art = cm.artifacts
     assert_close(interpret(art.program, art.memory, feeds)["y"], ref, 1e-4, 1e-6)
+
+
+@pytest.mark.parametrize("n,threads", [(1, 1), (2, 2)])
+def test_dense_block_concats_in_place(n, threads, monkeypatch):
+    """DenseNet's chain of Concats, each taking the one before, which a BN + Relu step reads too: every Concat is
+    done in place (``lower.CONCAT_SHARED``), each layer's features a slice of the last Concat's result that its
+    convolution writes once, where each Concat copied all the earlier ones; no Concat step is left, and the arena is
+    smaller. Outputs match onnxruntime on an arena of NaNs (batch 2: the slices' batch stride is the whole
+    result's), and the interpreter."""
+    m, feeds = _dense_block(n=n, seed=n)
+    ref = _ort(m, feeds)["y"]
+    cm = dlcc.compile(m, threads=threads)
+    p = cm.artifacts.program
+
+    def concat_steps(art) -> int:
+        return sum(1 for k in art.program.kernels for s in k.steps for x in s.nodes if x.op_type == "Concat")
+
+    assert concat_steps(cm.artifacts) == 0
+    cats = [b for b in p.buffers.values() if b.name == "f0" or b.name.endswith("_cat")]
+    assert len(cats) == 4 and len({p.root(b.id).id for b in cats}) == 1
+    cm(feeds)
+    cm._local.state[0][:] = 0xFF  # (the arena: NaN bytes)
+    assert_close(cm(feeds)["y"], ref, 1e-4, 1e-6)
+    assert_close(interpret(p, cm.artifacts.memory, feeds)["y"], ref, 1e-4, 1e-6)
+    monkeypatch.setattr(lower, "CONCAT_SHARED", False)
+    off = dlcc.compile(m, threads=threads)
+    assert concat_steps(off.artifacts) >= 1 and off.artifacts.memory.arena_bytes > cm.artifacts.memory.arena_bytes
+    assert_close(off(feeds)["y"], ref, 1e-4, 1e-6)
 
 
 def _stage(c=128, h=14, n=1, seed=0):

@@ -212,10 +212,10 @@ def verify_program(p: Program) -> None:
             if b.base not in p.buffers:
                 raise PassError(f"kernel IR: view {b.id} of missing buffer {b.base}")
             base = p.buffers[b.base]
-            if b.size:
-                last = b.offset + b.address_span()
-                if b.offset < 0 or last >= base.size:
-                    raise PassError(f"kernel IR: view {b.id} ({b.shape} at {b.offset}) leaves buffer {base.id}")
+            if b.size:  # (a view's strides are its root's, its offset its base's: ``Program.window``)
+                root, offset, _ = p.window(b.id)
+                if b.offset < 0 or offset + b.address_span() >= root.size:
+                    raise PassError(f"kernel IR: view {b.id} ({b.shape} at {b.offset}) leaves buffer {root.id}")
             if base.dtype != b.dtype:
                 raise PassError(f"kernel IR: view {b.id} is {b.dtype} but its base is {base.dtype}")
     for k in p.kernels:

@@ -297,9 +297,16 @@ def _constant_value(node: ir.Node) -> np.ndarray:
     raise DlccError("a Constant node with a string or sparse value is not supported by the C backend")
 
 
+CONCAT_SHARED = True  # Concat inputs that other steps read too, or that are Concats in place themselves (DenseNet)
+
+
 def _concat_in_place(p: Program) -> None:
     """Drop Concat loop steps whose inputs can be slice views of the output: each input is a temporary
-    written by an earlier kernel and read by nothing else, so its producer writes straight into the slice."""
+    written by an earlier kernel, so its producer writes straight into the slice, and whatever else reads it reads
+    the slice (``CONCAT_SHARED``; without it, only inputs the Concat alone reads). An input that is itself a Concat
+    done in place (a chain of Concats each taking the one before: DenseNet's dense blocks, which copied every
+    earlier layer's features once per layer) becomes a slice too, its own slices then slices of the outer result
+    (their strides the outer one's)."""
     writer: dict[int, Kernel] = {}
     readers: Counter = Counter()
     for k in p.kernels:
@@ -308,6 +315,34 @@ def _concat_in_place(p: Program) -> None:
         for b in k.reads:
             readers[b] += 1
     based = {b.base for b in p.buffers.values() if b.kind == "view"}
+    concats: set[int] = set()  # (outputs of the Concats done in place so far: their slices are views of them)
+
+    def slices_only(bid: int, axis: int) -> bool:
+        """Are all the views of ``bid`` (and theirs) slices of it along ``axis``, with its strides?"""
+        b = p.buffers[bid]
+        return all(v.strides == b.strides and len(v.shape) == len(b.shape)
+                   and all(d1 == d2 for i, (d1, d2) in enumerate(zip(v.shape, b.shape, strict=True)) if i != axis)
+                   and slices_only(v.id, axis)
+                   for v in p.buffers.values() if v.kind == "view" and v.base == bid)
+
+    def nested_ok(bid: int, axis: int) -> bool:
+        """Is ``bid`` an earlier Concat's result done in place along ``axis``, all of whose views are its slices
+        (so that they can take the outer result's strides)?"""
+        b = p.buffers[bid]
+        return bid in concats and b.strides == contiguous_strides(b.shape) and slices_only(bid, axis)
+
+    def loop_read(bid: int, concat: Step) -> bool:
+        """Do only loop steps (which read any strides) read buffer ``bid``, but ``concat``? (A template may ask for
+        a contiguous input: a slice's batch stride is the whole result's.)"""
+        vals = {v for v, b in p.value_buffer.items() if b == bid}
+        return all(s.kind == "loop" for k in p.kernels if bid in k.reads for s in k.steps
+                   if s is not concat and any(v in vals for n in s.nodes for v in n.inputs))
+
+    def restride(bid: int, strides: tuple[int, ...]) -> None:
+        for v in p.buffers.values():
+            if v.kind == "view" and v.base == bid:
+                v.strides = strides
+                restride(v.id, strides)
     for k in p.kernels:
         for step in list(k.steps):
             node = step.nodes[0] if step.kind == "loop" and len(step.nodes) == 1 else None
@@ -316,20 +351,25 @@ def _concat_in_place(p: Program) -> None:
             out = p.buffers[p.value_buffer[node.outputs[0]]]
             ins = [p.value_buffer.get(v) for v in node.inputs]
             ok = out.kind in ("temp", "output") and out.contiguous and len(set(ins)) == len(ins)
-            for bid in ins:
-                b = p.buffers.get(bid) if bid is not None else None
-                ok = (ok and b is not None and b.kind == "temp" and bid in writer and writer[bid] is not k
-                      and readers[bid] == 1 and bid not in based and b.dtype == out.dtype)
-            if not ok:
-                continue
             axis = node.attributes["axis"].value
             axis = axis + len(out.shape) if axis < 0 else axis
+            for bid in ins:
+                b = p.buffers.get(bid) if bid is not None else None
+                ok = (ok and b is not None and b.kind == "temp" and (bid in writer or bid in concats)
+                      and writer.get(bid) is not k and b.dtype == out.dtype
+                      and ((readers[bid] == 1 and bid not in based)
+                           or (CONCAT_SHARED and loop_read(bid, step)
+                               and (bid not in based or nested_ok(bid, axis)))))
+            if not ok:
+                continue
             start = 0
             for bid in ins:
                 b = p.buffers[bid]
                 b.kind, b.base, b.offset, b.strides = "view", out.id, start * out.strides[axis], out.strides
+                restride(bid, out.strides)
                 start += b.shape[axis]
                 k.reads.remove(bid)
+            concats.add(out.id)
             k.steps.remove(step)
             k.writes.remove(out.id)
             # the kernel's other steps that read the Concat's result now read what earlier kernels wrote into it
