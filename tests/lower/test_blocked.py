@@ -75,6 +75,17 @@ def _bottleneck(c: int = 32, h: int = 14, n: int = 1, stride: int = 1, seed: int
     return model, {"x": rng.standard_normal((n, c, h, h)).astype(np.float32)}
 
 
+def _graph(name: str, nodes: list, arrays: dict, x_shape: tuple[int, ...], rng, outs: tuple[str, ...] = ("y",)):
+    """The model of ``nodes`` over ``arrays`` (initializers: float32, or int64 where given so) with one float input x
+    of ``x_shape`` and float outputs ``outs`` (shapes inferred), and a random x."""
+    inits = [onnx.numpy_helper.from_array(a.astype(np.int64 if a.dtype == np.int64 else np.float32), k)
+             for k, a in arrays.items()]
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in outs], inits)
+    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    return model, {"x": rng.standard_normal(x_shape).astype(np.float32)}
+
+
 def _blocked(art) -> list[Buffer]:
     return [b for b in art.program.buffers.values() if b.block]
 
@@ -370,11 +381,7 @@ def _fire(c1: int = 32, c2: int = 48, h: int = 13, n: int = 1, reader: str = "Co
         nodes.append(helper.make_node("Conv", ["t", "w3"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
     else:
         nodes.append(helper.make_node("MaxPool", ["t"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
-    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
-    g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+    return _graph("fire", nodes, arrays, (n, 16, h, h), rng)
 
 
 @pytest.mark.parametrize("target", runnable_targets())
@@ -441,11 +448,7 @@ def _window_then_conv(kind: str, c: int = 32, h: int = 14, n: int = 1, first: bo
     else:
         nodes.append(helper.make_node("AveragePool", [x], ["u"], kernel_shape=[3, 3], pads=[1] * 4))
     nodes.append(helper.make_node("Conv", ["u", "w2"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
-    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
-    g = helper.make_graph(nodes, "window", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, cin, h, h])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    return model, {"x": rng.standard_normal((n, cin, h, h)).astype(np.float32)}
+    return _graph("window", nodes, arrays, (n, cin, h, h), rng)
 
 
 @pytest.mark.parametrize("target", runnable_targets())
@@ -494,12 +497,7 @@ def _pool_branch(c: int = 32, h: int = 13, n: int = 1, seed: int = 0):
              helper.make_node("Conv", ["t", "w1"], ["y1"], kernel_shape=[1, 1]),
              helper.make_node("MaxPool", ["t"], ["p"], kernel_shape=[3, 3], pads=[1] * 4),
              helper.make_node("Conv", ["p", "w2"], ["y2"], kernel_shape=[1, 1])]
-    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
-    g = helper.make_graph(nodes, "pool_branch",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
-                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y1", "y2")], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+    return _graph("pool_branch", nodes, arrays, (n, 16, h, h), rng, outs=("y1", "y2"))
 
 
 @pytest.mark.parametrize("target", ["x86-64-v4", *runnable_targets()])
@@ -584,12 +582,7 @@ def _loop_between(op: str, c: int = 48, h: int = 14, n: int = 1, seed: int = 0):
                   helper.make_node("Transpose", ["g1"], ["g2"], perm=[0, 2, 1, 3, 4]),
                   helper.make_node("Reshape", ["g2", "s2"], ["r"])]
     nodes.append(helper.make_node("Conv", ["r", "w2"], ["y"], kernel_shape=[3, 3], pads=[1] * 4))
-    inits = [onnx.numpy_helper.from_array(a.astype(np.int64 if a.dtype == np.int64 else np.float32), k)
-             for k, a in arrays.items()]
-    g = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
-                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y", "y2")], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+    return _graph("loop", nodes, arrays, (n, 16, h, h), rng, outs=("y", "y2"))
 
 
 @pytest.mark.parametrize("target", runnable_targets())
@@ -645,11 +638,7 @@ def _se_block(c: int = 96, h: int = 14, n: int = 1, seed: int = 0):
              helper.make_node("Sigmoid", ["g2"], ["s"]),
              helper.make_node("Mul", ["d", "s"], ["ds"]),
              helper.make_node("Conv", ["ds", "wp"], ["y"], kernel_shape=[1, 1])]
-    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
-    g = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 16, h, h])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
-    return model, {"x": rng.standard_normal((n, 16, h, h)).astype(np.float32)}
+    return _graph("se", nodes, arrays, (n, 16, h, h), rng)
 
 
 @pytest.mark.parametrize("target", runnable_targets())

@@ -78,8 +78,8 @@ import math
 import onnx_ir as ir
 
 from dlcc.lower.kir import Buffer, Program, Step, blocked_strides
-from dlcc.ops.table import Kind, op_info
 from dlcc.schedule.chscale import scale_operands
+from dlcc.schedule.direct import reads_no_ring
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, padded_extent, pool_max_inside
 from dlcc.schedule.layouts import _Layouts, is_channels_last
 from dlcc.schedule.pwdw import depthwise_geometry, fused_plan, pool_geometry
@@ -101,6 +101,10 @@ Need = tuple[tuple[int, int, int, int], float]  # a reader's ring (above, below,
 
 
 class _Blocked(_Layouts):
+    def __init__(self, p: Program, target: Target, threads: int):
+        super().__init__(p, target, threads)
+        self.sliced: dict[int, list[int]] = {}  # buffer -> the Concat slices ``candidate`` found it has
+
     def writer(self, bid: int, sliced: bool = False, assume: frozenset[int] = frozenset()) -> Step | None:
         """The one step writing buffer ``bid``, if it is a convolution that can store it in channel blocks (with a
         scratch where ``sliced``: a Concat's slice, which its step computed in a temp and copied, strided), or a
@@ -196,8 +200,7 @@ class _Blocked(_Layouts):
         if plan.cbi != self.target.lanes:
             return None
         g, (h, w) = plan.g, shape[2:]
-        if (BLOCKED_ANY_RING and form[0] == "direct" and g.kh * g.kw == 1 and not (g.ph or g.pw)
-                and (g.h, g.w) == (h, w) and not plan.flat):
+        if BLOCKED_ANY_RING and form[0] == "direct" and reads_no_ring(g) and (g.h, g.w) == (h, w) and not plan.flat:
             return True
         if (g.h, g.w) != (h, w):  # (a 1x1 convolution's plane as one row: blocks with no ring)
             return (0, 0, 0, 0) if g.kh * g.kw == 1 and plan.hp * plan.wp == h * w else None
@@ -293,6 +296,7 @@ class _Blocked(_Layouts):
         sliced = self.slices(bid) if BLOCKED_CONCATS else []
         if sliced is None or (not sliced and self.writer(bid, assume=assume) is None):
             return None
+        self.sliced[bid] = sliced  # (for ``give``)
         return self.readers_ring(bid, assume)
 
     def give(self, bid: int, need: Need) -> None:
@@ -307,7 +311,7 @@ class _Blocked(_Layouts):
         hr, wr = h + top + bottom, w + left + right
         root = max(self.p.buffers) + 1
         self.p.buffers[root] = Buffer(root, "temp", b.dtype, (c // lanes, n, hr, wr, lanes), b.name)
-        sliced = self.slices(bid) if BLOCKED_CONCATS else []
+        sliced = self.sliced[bid]  # (``candidate``'s)
         strides = blocked_strides(hr, wr, n, lanes)
         for v in (bid, *sliced):  # (a Concat's slices: their blocks one after the other, as its channels)
             o = self.p.buffers[v]
@@ -343,10 +347,11 @@ class _Blocked(_Layouts):
 
 
 def _per_element(n: ir.Node) -> bool:
-    """An op a loop step computes element by element (broadcasting included), or a channel shuffle."""
+    """An op a loop step computes element by element (broadcasting included: ``layouts``' rule, but for its
+    Transpose), or a channel shuffle."""
     if n.domain == "dlcc":
         return n.op_type == "ChannelShuffle"
-    return n.domain in ("", "ai.onnx") and op_info(n.op_type, n.domain).kind in (Kind.ELEMWISE, Kind.BROADCAST)
+    return n.op_type != "Transpose" and n.domain in ("", "ai.onnx") and _Layouts._elementwise(n)
 
 
 def block_buffers(p: Program, target: Target, threads: int) -> int:

@@ -53,6 +53,7 @@ from dlcc.schedule.target import Target
 from dlcc.schedule.transform import parallelize, reorder
 
 __all__ = ["DirectPlan", "direct_func", "direct_pays", "flat_pointwise", "nchw_pieces", "pack_direct", "plan_direct",
+           "reads_no_ring",
            "reads_in_place", "reads_nchw", "repack_phase", "streams_input", "tile_score", "trim_taps"]
 
 MAX_PX = 14  # pixels per register tile: beyond, the tile's weights are reloaded rarely enough already
@@ -264,6 +265,12 @@ def col_segments(g: ConvGeometry, exact: bool = False) -> list[tuple[int, int, i
     """Output columns [s0, s1) with the same kernel columns [k0, k1) reaching inside the input (DeepLab's
     ASPP, dilation 12 on 28 columns: 2, 3 and 2 of the 3 kernel columns on 12, 4 and 12 columns)."""
     return _segments(g.ow, g.kw, g.sw, g.dw, g.pw, g.w, exact)
+
+
+def reads_no_ring(g: ConvGeometry) -> bool:
+    """Does no tap of this convolution reach outside its input (an unpadded 1x1, at any stride)? It then reads an
+    input in channel blocks within any ring, whatever the ring holds (``schedule.blocked``)."""
+    return g.kh * g.kw == 1 and not (g.ph or g.pw)
 
 
 def direct_pays(g: ConvGeometry, co: int, target: Target) -> bool:

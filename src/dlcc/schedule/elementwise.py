@@ -69,10 +69,17 @@ def map_func(shape: tuple[int, ...], dtype: str, threads: int = 1, name: str = "
             idx[d] = i
         return (Epilogue(tuple(idx), In(0, tuple(idx), shape, dtype)),)
 
+    return _threaded_nest(pshape, body, threads, name, fresh)
+
+
+def _threaded_nest(pshape: list[int], body: Callable[[list[Expr]], tuple[Stmt, ...]], threads: int, name: str,
+                   fresh: Callable[[str], str]) -> Func:
+    """The plain nest over ``pshape`` around ``body``; with ``threads`` > 1, its outermost loop (the first dim of
+    more than one element) in shares."""
     split_threads = threads > 1 and any(n > 1 for n in pshape)
     thread = fresh("t") if split_threads else ""
     f = Func(name, (), nest(pshape, fresh, "i", body))
-    if split_threads:  # the outermost loop (the first dim of more than one element) in shares
+    if split_threads:
         f = parallelize(f, loop_names(f)[0], 4 * threads, thread)
     return f
 
@@ -93,12 +100,7 @@ def _blocked(shape: tuple[int, ...], dtype: str, threads: int, name: str, fresh:
         idx = (b, Lane(cb, lane, block), y, x)
         return (For(lane, Const(0), Const(block), (Epilogue(idx, In(0, idx, shape, dtype)),), "vectorized"),)
 
-    split_threads = threads > 1 and any(d > 1 for d in pshape)
-    thread = fresh("t") if split_threads else ""
-    f = Func(name, (), nest(pshape, fresh, "i", body))
-    if split_threads:
-        f = parallelize(f, loop_names(f)[0], 4 * threads, thread)
-    return f
+    return _threaded_nest(pshape, body, threads, name, fresh)
 
 
 def _tiled(shape: tuple[int, ...], dtype: str, threads: int, name: str, fresh: Callable[[str], str], a: int,

@@ -45,6 +45,7 @@ from dlcc.schedule.direct import (
     plan_direct,
     reads_in_place,
     reads_nchw,
+    reads_no_ring,
     trim_taps,
 )
 from dlcc.schedule.dwconv import DwcPlan, dw_func, dwc_func, pack_dwc, plan_dwc
@@ -166,7 +167,7 @@ def conv(call: TemplateCall) -> str:
                    and call.input_scale is None and trim_taps(g)[0] == g
                    and use_winograd(g, M, N, call.target, call.threads))
     if xref.block:  # an input in the channel blocks its Winograd or direct kernel reads (``schedule.blocked``)
-        if xref.ring_fill and (g is None or g.kh * g.kw != 1 or g.ph or g.pw):  # (a 1x1 reads none of it)
+        if xref.ring_fill and (g is None or not reads_no_ring(g)):  # (a 1x1 reads none of it)
             raise TemplateError("Conv: internal: an input in channel blocks whose ring is not zeros")
         blocked = _winograd(call, xref, w4, bref, g) if winograd_ok else None
         if blocked is None and direct_ok:
@@ -388,7 +389,7 @@ def _blocked_direct(call: TemplateCall, xref: TensorRef, w4: np.ndarray, bref: T
         # the input's last rows; a scaled input is repacked from its blocks, scaled on the way)
         top, bottom, left, right = xref.ring or (0, 0, 0, 0)
         hr, wr = top + xref.shape[2] + bottom, left + xref.shape[3] + right  # (its plane as one row: 1 x H*W)
-        if (top, left) != (plan.rh, plan.rw) and g.kh * g.kw == 1 and not (g.ph or g.pw) and not plan.flat:
+        if (top, left) != (plan.rh, plan.rw) and reads_no_ring(g) and not plan.flat:
             # (a 1x1 reads no tap in the ring: it reads the pixels inside a wider one, which other readers need)
             plan = dataclasses.replace(plan, ring=(top, left))
         plan = dataclasses.replace(plan, blocked=True, hp=max(plan.hp, hr) if top == plan.rh else plan.hp,
@@ -527,13 +528,11 @@ def _pointwise_depthwise(call: TemplateCall) -> str:
     if tag is not None:
         bp = call.packed(pack_bias(np.asarray(prod.inputs[2].const, dtype=np.float32), plan))
         post = (Buf(bp.ptr, "float32", Layout.strided(bp.shape)), tag)
-    if c.block and plan.cbi != c.block:
-        raise TemplateError(f"Conv: internal: a destination in channel blocks of {c.block} that the fused 1x1 -> "
-                            "depthwise pair does not store")
+    blocks = dest_in_blocks(c, plan.cbi, "the fused 1x1 -> depthwise pair")
     f = pwdw_func(plan, x, wpb, wdb, cb, wsb, not prod.identity and tag is None, epilogue, fresh=names, post=post,
-                  channels_last=cl, dest_block=bool(c.block))
+                  channels_last=cl, dest_block=blocks)
     _verify_pwdw_once(plan, xref.shape, xref.strides, not prod.identity and tag is None, epilogue, ws.size, tag, cl,
-                      bool(c.block))
+                      blocks)
 
     def store(idx, v):
         return _pixel_store(call, bref, outs, idx, v)
@@ -550,6 +549,14 @@ def _blocked_base(xref: TensorRef, plan: DirectPlan | WinoPlan) -> int:
         raise TemplateError(f"Conv: internal: an input in channel blocks of {xref.block} (strides {xref.strides}, "
                             f"at {xref.offset}) that the plan does not read")
     return plan.blocks_floats
+
+
+def dest_in_blocks(c: TensorRef, cbi: int | None, what: str) -> bool:
+    """Is destination ``c`` in channel blocks (``schedule.blocked``)? Raises TemplateError where they are not the
+    ``cbi`` channels of the channel-blocked kernel's tiles (None: no such plan), which ``what`` then cannot store."""
+    if c.block and cbi != c.block:
+        raise TemplateError(f"internal: a destination in channel blocks of {c.block} that {what} does not store")
+    return bool(c.block)
 
 
 def _pixels_dest(c: TensorRef, n: int, ch: int, pixels: int) -> Buf:
@@ -603,18 +610,13 @@ def _depthwise(call: TemplateCall, xref: TensorRef, w2: np.ndarray, bref: Tensor
         wpk = call.packed(pack_dwc(w2, plan))
         wp = Buf(wpk.ptr, "float32", Layout.strided(wpk.shape))
         wsb = Buf(call.names("ws"), "float32", Layout.strided((ws.size,)), "workspace") if repacked else None
-        if c.block and plan.cbi != c.block:
-            raise TemplateError(f"Conv: internal: a destination in channel blocks of {c.block} that the depthwise "
-                                "kernel does not store")
-        f = dwc_func(plan, x, wp, cb, wsb, not trivial or cl, fresh=call.names, channels_last=cl,
-                     dest_block=bool(c.block))
+        blocks = dest_in_blocks(c, plan.cbi, "the depthwise kernel")
+        f = dwc_func(plan, x, wp, cb, wsb, not trivial or cl, fresh=call.names, channels_last=cl, dest_block=blocks)
         _verify_dwc_once(plan, xref.shape, xref.strides, not trivial or cl, ws.size if repacked else 0,
-                         channels_last=cl, offset=xref.offset, dest_block=bool(c.block))
+                         channels_last=cl, offset=xref.offset, dest_block=blocks)
         extra = {wsb.name: ws.base()} if repacked else {}
     elif cl or xref.strides[-1] != 1:
-        if c.block:
-            raise TemplateError("Conv: internal: a destination in channel blocks with no workspace for the "
-                                "channel-blocked depthwise kernel")
+        dest_in_blocks(c, None, "the depthwise kernel with no workspace")
         return None
     else:
         wpk = call.packed(w2)

@@ -27,7 +27,7 @@ import numpy as np
 
 from dlcc.codegen.cbase import TemplateError, TensorRef
 from dlcc.codegen.templates import TemplateCall, register
-from dlcc.codegen.templates.conv import _flat_ok, _ints, _pixel_store, _verify_dwc_once, spatial_pads
+from dlcc.codegen.templates.conv import _flat_ok, _ints, _pixel_store, _verify_dwc_once, dest_in_blocks, spatial_pads
 from dlcc.lower.kir import blocked_strides
 from dlcc.lower.lir import Buf, Layout, verify_func
 from dlcc.schedule.dwconv import POOL_BLOCKED_MAX_W, dw_func, dwc_func, pack_dwc, plan_dwc, pool_max_inside
@@ -159,10 +159,7 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
         plan = plan_dwc(g, N, call.target, call.threads) if W <= POOL_BLOCKED_MAX_W or sref.block else None
     # a destination in channel blocks (``schedule.blocked``): the tiles kept pixel-major, each pixel's block of
     # channels stored as one vector through the epilogue
-    dest_block = bool(sref.block)
-    if dest_block and (plan is None or plan.cbi != sref.block):
-        raise TemplateError(f"{call.node.op_type}: internal: a destination in channel blocks of {sref.block} that "
-                            "the pool does not store")
+    dest_block = dest_in_blocks(sref, plan.cbi if plan is not None else None, f"the {call.node.op_type}")
     ws = call.workspace
     in_place = plan is not None and plan.blocked
     if plan is not None and (in_place or (ws is not None and plan.workspace_floats <= ws.size)):
@@ -181,9 +178,7 @@ def _pool_as_depthwise(call: TemplateCall, xref: TensorRef, outs: list[int], ks:
             return _pixel_store(call, None, [oh, ow], idx, f"{v} * {recip.ptr}[{idx[-1]}]" if recip is not None else v)
 
         return call.emit(f, flat_store, {} if in_place else {wsb.name: ws.base()})
-    if dest_block:
-        raise TemplateError(f"{call.node.op_type}: internal: a destination in channel blocks with no workspace for "
-                            "the channel-blocked pool")
+    dest_in_blocks(sref, None, f"the {call.node.op_type} with no workspace")
     if xref.strides[-1] != 1:  # (a channels-last input: the plane kernel reads rows with unit stride only)
         return None
     ones = call.packed(np.ones(ks[0] * ks[1], dtype=np.float32))
